@@ -1,0 +1,69 @@
+//! The TOML file as written by operators: serde structs, every table `deny_unknown_fields`.
+//! Values that need checks beyond their type carry their position (`Spanned`) so errors
+//! can name the line.
+
+use serde::Deserialize;
+use toml::Spanned;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<Spanned<String>>,
+    pub admin_listen: Option<Spanned<String>>,
+    pub cores: Option<usize>,
+    pub cpus: Option<Vec<usize>>,
+    pub monitor_cpu: Option<usize>,
+    pub pin_cores: Option<bool>,
+    #[serde(default)]
+    pub limits: FileLimits,
+    pub overload_status_code: Option<Spanned<u16>>,
+    pub retry_after_secs: Option<u32>,
+    pub load_staleness_ms: Option<Spanned<u64>>,
+    pub scrape_interval_ms: Option<Spanned<u64>>,
+    pub monitor_interval_ms: Option<Spanned<u64>>,
+    #[serde(default)]
+    pub models: Vec<FileModel>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileLimits {
+    pub max_header_bytes: Option<Spanned<usize>>,
+    pub max_body_bytes: Option<Spanned<usize>>,
+    pub header_read_timeout_ms: Option<Spanned<u64>>,
+    pub idle_timeout_ms: Option<Spanned<u64>>,
+    pub connect_timeout_ms: Option<Spanned<u64>>,
+    pub upstream_first_byte_timeout_ms: Option<Spanned<u64>>,
+    pub max_connections: Option<Spanned<usize>>,
+    pub pool_idle_timeout_ms: Option<u64>,
+    pub pool_max_idle_per_worker: Option<usize>,
+    pub worker_down_backoff_ms: Option<Spanned<u64>>,
+    pub worker_down_backoff_max_ms: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileModel {
+    pub name: Spanned<String>,
+    pub router_mode: Option<Spanned<String>>,
+    pub active_decode_blocks_threshold: Option<Spanned<f64>>,
+    pub active_prefill_tokens_threshold: Option<u64>,
+    pub active_prefill_tokens_threshold_frac: Option<Spanned<f64>>,
+    pub track_output_blocks: Option<bool>,
+    #[serde(default)]
+    pub workers: Vec<FileWorker>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileWorker {
+    pub url: Spanned<String>,
+    pub name: Option<Spanned<String>>,
+    pub load_sources: Option<Spanned<Vec<String>>>,
+    pub metrics_format: Option<Spanned<String>>,
+    pub metrics_url: Option<Spanned<String>>,
+    pub kv_total_blocks: Option<u64>,
+    pub max_num_batched_tokens: Option<u64>,
+    pub dp_size: Option<Spanned<u32>>,
+    pub block_size: Option<Spanned<u32>>,
+}

@@ -1,0 +1,278 @@
+//! Chunked transfer coding (RFC 9112 §7.1) as a pull parser over byte slices.
+//!
+//! [`ChunkedParser::next`] reports one event at a time with lengths relative to its input,
+//! so the same state machine de-chunks request bodies in place ([`dechunk_in_place`]) and
+//! tracks where a passed-through response body ends.
+
+use super::HttpError;
+use super::limits::MAX_CHUNK_LINE;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+enum State {
+    #[default]
+    Size,
+    Data(u64),
+    DataEnd,
+    Trailer,
+    Done,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event {
+    /// The input holds no complete token; present these bytes again with more after them.
+    NeedMore,
+    /// `n` framing bytes (size line, CRLF, trailer field) at the input's start.
+    Framing(usize),
+    /// `n` payload bytes at the input's start.
+    Data(usize),
+    /// The final `n` framing bytes; the message ends after them.
+    Done(usize),
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct ChunkedParser {
+    state: State,
+    trailer_bytes: usize,
+}
+
+/// Trailer fields are read and dropped; this bounds them.
+const MAX_TRAILER_BYTES: usize = 16 * 1024;
+
+impl ChunkedParser {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn is_done(&self) -> bool {
+        self.state == State::Done
+    }
+
+    pub fn next(&mut self, input: &[u8]) -> Result<Event, HttpError> {
+        match self.state {
+            State::Done => Ok(Event::Done(0)),
+            State::Size => match httparse::parse_chunk_size(input) {
+                Ok(httparse::Status::Complete((n, 0))) => {
+                    self.state = State::Trailer;
+                    Ok(Event::Framing(n))
+                }
+                Ok(httparse::Status::Complete((n, size))) => {
+                    self.state = State::Data(size);
+                    Ok(Event::Framing(n))
+                }
+                Ok(httparse::Status::Partial) if input.len() > MAX_CHUNK_LINE => {
+                    Err(HttpError::InvalidChunk("chunk size line too long"))
+                }
+                Ok(httparse::Status::Partial) => Ok(Event::NeedMore),
+                Err(_) => Err(HttpError::InvalidChunk("invalid chunk size")),
+            },
+            State::Data(remaining) => {
+                if input.is_empty() {
+                    return Ok(Event::NeedMore);
+                }
+                let n = remaining.min(input.len() as u64);
+                self.state = if n == remaining {
+                    State::DataEnd
+                } else {
+                    State::Data(remaining - n)
+                };
+                Ok(Event::Data(n as usize))
+            }
+            State::DataEnd => match input {
+                [b'\r', b'\n', ..] => {
+                    self.state = State::Size;
+                    Ok(Event::Framing(2))
+                }
+                [] | [b'\r'] => Ok(Event::NeedMore),
+                _ => Err(HttpError::InvalidChunk("chunk data not followed by CRLF")),
+            },
+            State::Trailer => {
+                let Some(lf) = memchr::memchr(b'\n', input) else {
+                    return if self.trailer_bytes + input.len() > MAX_TRAILER_BYTES {
+                        Err(HttpError::InvalidChunk("trailer section too large"))
+                    } else {
+                        Ok(Event::NeedMore)
+                    };
+                };
+                if lf == 0 || input[lf - 1] != b'\r' {
+                    return Err(HttpError::InvalidChunk("bare LF in trailer section"));
+                }
+                self.trailer_bytes += lf + 1;
+                if self.trailer_bytes > MAX_TRAILER_BYTES {
+                    return Err(HttpError::InvalidChunk("trailer section too large"));
+                }
+                if lf == 1 {
+                    self.state = State::Done;
+                    Ok(Event::Done(2))
+                } else if input[0] == b' ' || input[0] == b'\t' {
+                    Err(HttpError::ObsFold)
+                } else if memchr::memchr(b':', &input[..lf]).is_none() {
+                    Err(HttpError::InvalidChunk("malformed trailer field"))
+                } else {
+                    Ok(Event::Framing(lf + 1))
+                }
+            }
+        }
+    }
+
+    /// Advances over framing and payload without copying; returns the bytes consumed and
+    /// whether the message ended. Unconsumed bytes (a partial size line) must be presented
+    /// again with more data. `on_data` sees each payload range (relative to `input`).
+    pub fn skim(
+        &mut self,
+        input: &[u8],
+        mut on_data: impl FnMut(&[u8]),
+    ) -> Result<(usize, bool), HttpError> {
+        let mut at = 0;
+        loop {
+            match self.next(&input[at..])? {
+                Event::NeedMore => return Ok((at, false)),
+                Event::Framing(n) => at += n,
+                Event::Data(n) => {
+                    on_data(&input[at..at + n]);
+                    at += n;
+                }
+                Event::Done(n) => return Ok((at + n, true)),
+            }
+        }
+    }
+}
+
+/// In-place de-chunking of a request body: `buf[raw..filled]` holds undecoded bytes,
+/// `buf[..out]` the decoded payload so far. Returns true once the body is complete; `raw`
+/// then points just past the message.
+#[derive(Debug, Clone, Default)]
+pub struct Dechunker {
+    parser: ChunkedParser,
+    pub raw: usize,
+    pub out: usize,
+}
+
+impl Dechunker {
+    pub fn new(start: usize) -> Self {
+        Self {
+            parser: ChunkedParser::new(),
+            raw: start,
+            out: start,
+        }
+    }
+
+    /// Decodes as far as `buf[..filled]` allows. `max_out` bounds the decoded length.
+    pub fn decode(&mut self, buf: &mut [u8], filled: usize, max_out: usize) -> Result<bool, HttpError> {
+        loop {
+            match self.parser.next(&buf[self.raw..filled])? {
+                Event::NeedMore => return Ok(false),
+                Event::Framing(n) => self.raw += n,
+                Event::Data(n) => {
+                    if self.out + n > max_out {
+                        return Err(HttpError::BodyTooLarge);
+                    }
+                    buf.copy_within(self.raw..self.raw + n, self.out);
+                    self.out += n;
+                    self.raw += n;
+                }
+                Event::Done(n) => {
+                    self.raw += n;
+                    return Ok(true);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dechunk_all(raw: &[u8]) -> Result<(Vec<u8>, usize), HttpError> {
+        let mut buf = raw.to_vec();
+        let mut d = Dechunker::new(0);
+        if d.decode(&mut buf, raw.len(), usize::MAX)? {
+            Ok((buf[..d.out].to_vec(), d.raw))
+        } else {
+            Err(HttpError::InvalidChunk("incomplete"))
+        }
+    }
+
+    #[test]
+    fn wire_table() {
+        let cases: &[(&[u8], Result<(&[u8], usize), HttpError>)] = &[
+            (b"5\r\nhello\r\n0\r\n\r\n", Ok((b"hello", 15))),
+            (b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\nNEXT", Ok((b"hello world", 26))),
+            (b"5;ext=1\r\nhello\r\n0\r\n\r\n", Ok((b"hello", 21))),
+            (b"A\r\n0123456789\r\n0\r\nX-T: 1\r\n\r\n", Ok((b"0123456789", 28))),
+            (b"0\r\n\r\n", Ok((b"", 5))),
+            (b"zz\r\nhello\r\n0\r\n\r\n", Err(HttpError::InvalidChunk("invalid chunk size"))),
+            (b"5\r\nhelloXX0\r\n\r\n", Err(HttpError::InvalidChunk("chunk data not followed by CRLF"))),
+            (b"ffffffffffffffffffff\r\n", Err(HttpError::InvalidChunk("invalid chunk size"))),
+            (b"0\r\nX-T 1\r\n\r\n", Err(HttpError::InvalidChunk("malformed trailer field"))),
+            (b"0\r\n\n", Err(HttpError::InvalidChunk("bare LF in trailer section"))),
+            (b"5\r\nhel", Err(HttpError::InvalidChunk("incomplete"))),
+        ];
+        for (raw, want) in cases {
+            let got = dechunk_all(raw);
+            let want = want.clone().map(|(b, n)| (b.to_vec(), n));
+            assert_eq!(got, want, "{:?}", String::from_utf8_lossy(raw));
+        }
+    }
+
+    #[test]
+    fn body_limit_applies_to_decoded_length() {
+        let raw = b"5\r\nhello\r\n0\r\n\r\n";
+        let mut buf = raw.to_vec();
+        let mut d = Dechunker::new(0);
+        assert_eq!(d.decode(&mut buf, raw.len(), 4), Err(HttpError::BodyTooLarge));
+    }
+
+    proptest::proptest! {
+        /// Any body, chunked at any sizes and delivered in any splits, decodes to itself;
+        /// the skimming parser finds the same end.
+        #[test]
+        fn roundtrip(body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600),
+                     sizes in proptest::collection::vec(1usize..50, 1..20),
+                     split in 1usize..40) {
+            let mut wire = Vec::new();
+            let mut rest = &body[..];
+            let mut i = 0;
+            while !rest.is_empty() {
+                let n = sizes[i % sizes.len()].min(rest.len());
+                wire.extend_from_slice(format!("{n:x}\r\n").as_bytes());
+                wire.extend_from_slice(&rest[..n]);
+                wire.extend_from_slice(b"\r\n");
+                rest = &rest[n..];
+                i += 1;
+            }
+            wire.extend_from_slice(b"0\r\n\r\n");
+            let total = wire.len();
+            wire.extend_from_slice(b"GET /next");
+
+            // In place, fed incrementally.
+            let mut buf = wire.clone();
+            let mut d = Dechunker::new(0);
+            let mut filled = 0;
+            let done = loop {
+                filled = (filled + split).min(buf.len());
+                if d.decode(&mut buf, filled, usize::MAX).unwrap() { break true; }
+                if filled == buf.len() { break false; }
+            };
+            proptest::prop_assert!(done);
+            proptest::prop_assert_eq!(&buf[..d.out], &body[..]);
+            proptest::prop_assert_eq!(d.raw, total);
+
+            // Skimming with carry-over of unconsumed bytes.
+            let mut p = ChunkedParser::new();
+            let mut carried = Vec::new();
+            let mut seen = Vec::new();
+            let mut consumed_total = 0;
+            for piece in wire.chunks(split) {
+                carried.extend_from_slice(piece);
+                let (used, end) = p.skim(&carried, |d| seen.extend_from_slice(d)).unwrap();
+                consumed_total += used;
+                carried.drain(..used);
+                if end { break; }
+            }
+            proptest::prop_assert!(p.is_done());
+            proptest::prop_assert_eq!(consumed_total, total);
+            proptest::prop_assert_eq!(seen, body);
+        }
+    }
+}

@@ -1,0 +1,76 @@
+//! Every wire-level limit in one place. Configurable ones are defaults for `[limits]`;
+//! the rest are fixed properties of the codec.
+
+/// Most header fields accepted in one request or response head. More → 431 (request) or 502.
+pub const MAX_HEADERS: usize = 96;
+
+/// Longest `x-request-id` we echo; a longer or non-printable one is replaced by a fresh id.
+pub const MAX_REQUEST_ID_LEN: usize = 128;
+
+/// Longest chunk-size line (hex digits plus extensions) accepted in a chunked body.
+pub const MAX_CHUNK_LINE: usize = 1024;
+
+/// Read buffer a connection starts with; grows only for large heads or bodies.
+pub const INITIAL_READ_BUF: usize = 16 * 1024;
+
+/// A connection buffer that grew beyond this for one large body is shrunk back afterwards,
+/// so a single 40 MB upload does not pin 40 MB per idle keep-alive connection.
+pub const RETAINED_BUF_MAX: usize = 256 * 1024;
+
+/// Upstream read size while streaming a response body.
+pub const RESPONSE_READ_BUF: usize = 16 * 1024;
+
+/// A request body at most this large is copied behind the head into one upstream write.
+pub const COALESCE_BODY_MAX: usize = 64 * 1024;
+
+/// Defaults of the `[limits]` table.
+pub mod defaults {
+    pub const MAX_HEADER_BYTES: usize = 16 * 1024;
+    pub const MAX_BODY_BYTES: usize = 45 * 1024 * 1024;
+    pub const HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+    pub const IDLE_TIMEOUT_MS: u64 = 60_000;
+    pub const CONNECT_TIMEOUT_MS: u64 = 2_000;
+    pub const UPSTREAM_FIRST_BYTE_TIMEOUT_MS: u64 = 600_000;
+    pub const MAX_CONNECTIONS: usize = 65_536;
+    /// Below uvicorn's 5 s keep-alive (vLLM, SGLang) so we close idle upstream connections
+    /// before the engine does and never write into one it is closing.
+    pub const POOL_IDLE_TIMEOUT_MS: u64 = 4_000;
+    pub const POOL_MAX_IDLE_PER_WORKER: usize = 128;
+    pub const WORKER_DOWN_BACKOFF_MS: u64 = 1_000;
+    pub const WORKER_DOWN_BACKOFF_MAX_MS: u64 = 30_000;
+}
+
+/// Runtime limits, validated from config.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Limits {
+    pub max_header_bytes: usize,
+    pub max_body_bytes: usize,
+    pub header_read_timeout_ms: u64,
+    pub idle_timeout_ms: u64,
+    pub connect_timeout_ms: u64,
+    pub upstream_first_byte_timeout_ms: u64,
+    pub max_connections: usize,
+    pub pool_idle_timeout_ms: u64,
+    pub pool_max_idle_per_worker: usize,
+    pub worker_down_backoff_ms: u64,
+    pub worker_down_backoff_max_ms: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        use defaults::*;
+        Self {
+            max_header_bytes: MAX_HEADER_BYTES,
+            max_body_bytes: MAX_BODY_BYTES,
+            header_read_timeout_ms: HEADER_READ_TIMEOUT_MS,
+            idle_timeout_ms: IDLE_TIMEOUT_MS,
+            connect_timeout_ms: CONNECT_TIMEOUT_MS,
+            upstream_first_byte_timeout_ms: UPSTREAM_FIRST_BYTE_TIMEOUT_MS,
+            max_connections: MAX_CONNECTIONS,
+            pool_idle_timeout_ms: POOL_IDLE_TIMEOUT_MS,
+            pool_max_idle_per_worker: POOL_MAX_IDLE_PER_WORKER,
+            worker_down_backoff_ms: WORKER_DOWN_BACKOFF_MS,
+            worker_down_backoff_max_ms: WORKER_DOWN_BACKOFF_MAX_MS,
+        }
+    }
+}

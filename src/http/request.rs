@@ -1,0 +1,354 @@
+//! Request heads: httparse into a stack array, then offsets, framing and the forwarding mask.
+
+use super::limits::{MAX_HEADERS, MAX_REQUEST_ID_LEN};
+use super::{
+    BodyFraming, HeaderList, HeaderSpan, HttpError, Method, Span, is_hop_by_hop, list_tokens,
+    mark_connection_named, name_is, parse_content_length,
+};
+
+/// A parsed request head; all spans index the buffer it was parsed from.
+#[derive(Debug, Clone)]
+pub struct RequestHead {
+    pub method: Method,
+    pub method_span: Span,
+    /// Origin-form target (`/v1/chat/completions?x=1`); absolute-form is reduced to it.
+    pub target: Span,
+    /// 0 for HTTP/1.0, 1 for HTTP/1.1.
+    pub minor_version: u8,
+    /// Bytes of the head including the blank line.
+    pub head_len: usize,
+    pub headers: HeaderList,
+    pub body: BodyFraming,
+    pub keep_alive: bool,
+    pub expect_continue: bool,
+    pub content_type: Option<Span>,
+    /// A client `x-request-id` we can echo (printable ASCII, at most 128 bytes).
+    pub request_id: Option<Span>,
+    pub worker_id: Option<Span>,
+    pub authorization: Option<Span>,
+    /// Bit i set: field i is an `X-Forwarded-For` we extend.
+    pub forwarded_for: u128,
+}
+
+impl Default for RequestHead {
+    fn default() -> Self {
+        Self {
+            method: Method::Other,
+            method_span: Span::default(),
+            target: Span::default(),
+            minor_version: 1,
+            head_len: 0,
+            headers: HeaderList::default(),
+            body: BodyFraming::None,
+            keep_alive: true,
+            expect_continue: false,
+            content_type: None,
+            request_id: None,
+            worker_id: None,
+            authorization: None,
+            forwarded_for: 0,
+        }
+    }
+}
+
+impl RequestHead {
+    /// The path without the query string.
+    pub fn path<'a>(&self, buf: &'a [u8]) -> &'a [u8] {
+        let t = self.target.get(buf);
+        match memchr::memchr(b'?', t) {
+            Some(q) => &t[..q],
+            None => t,
+        }
+    }
+
+    pub fn content_length(&self) -> u64 {
+        match self.body {
+            BodyFraming::Length(n) => n,
+            _ => 0,
+        }
+    }
+}
+
+/// Parses a request head at the start of `buf` into `out`.
+///
+/// `Ok(false)`: incomplete, read more. `Ok(true)`: `out` holds the head. Errors mean the
+/// request must be answered with `err.status()` and the connection closed.
+pub fn parse_request(
+    buf: &[u8],
+    max_header_bytes: usize,
+    max_body_bytes: u64,
+    out: &mut RequestHead,
+) -> Result<bool, HttpError> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut req = httparse::Request::new(&mut fields);
+    let head_len = match req.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => {
+            return if buf.len() >= max_header_bytes {
+                Err(HttpError::HeaderTooLarge)
+            } else {
+                Ok(false)
+            };
+        }
+        Err(httparse::Error::TooManyHeaders) => return Err(HttpError::HeaderTooLarge),
+        Err(httparse::Error::Version) => return Err(HttpError::Version),
+        Err(e) => return Err(classify(buf, e)),
+    };
+    if head_len > max_header_bytes {
+        return Err(HttpError::HeaderTooLarge);
+    }
+    let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
+        return Err(HttpError::Malformed("incomplete request line"));
+    };
+
+    *out = RequestHead::default();
+    out.head_len = head_len;
+    out.minor_version = version;
+    out.keep_alive = version == 1;
+    out.method = Method::from_bytes(method.as_bytes());
+    out.method_span = Span::of(buf, method.as_bytes());
+    out.target = origin_form(buf, target.as_bytes())?;
+
+    let mut content_length: Option<u64> = None;
+    let mut chunked = false;
+    let mut hosts = 0u32;
+    for (i, h) in req.headers.iter().enumerate() {
+        let name = h.name.as_bytes();
+        let value = h.value;
+        out.headers.fields[i] = HeaderSpan {
+            name: Span::of(buf, name),
+            value: Span::of(buf, value),
+        };
+        let bit = 1u128 << i;
+        if is_hop_by_hop(name) {
+            out.headers.skip |= bit;
+        }
+        if name_is(name, "content-length") {
+            content_length = Some(parse_content_length(value, content_length)?);
+            out.headers.skip |= bit;
+        } else if name_is(name, "transfer-encoding") {
+            if version == 0 {
+                return Err(HttpError::Malformed("Transfer-Encoding in an HTTP/1.0 request"));
+            }
+            for coding in list_tokens(value) {
+                if !coding.eq_ignore_ascii_case(b"chunked") {
+                    return Err(HttpError::UnsupportedTransferCoding);
+                }
+                if chunked {
+                    return Err(HttpError::InvalidChunk("chunked applied twice"));
+                }
+                chunked = true;
+            }
+        } else if name_is(name, "connection") {
+            for token in list_tokens(value) {
+                if token.eq_ignore_ascii_case(b"close") {
+                    out.keep_alive = false;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") && version == 0 {
+                    out.keep_alive = true;
+                }
+            }
+        } else if name_is(name, "host") {
+            hosts += 1;
+        } else if name_is(name, "expect") {
+            out.headers.skip |= bit;
+            if version == 1 && value.trim_ascii().eq_ignore_ascii_case(b"100-continue") {
+                out.expect_continue = true;
+            }
+        } else if name_is(name, "content-type") {
+            out.content_type = Some(out.headers.fields[i].value);
+        } else if name_is(name, "x-request-id") {
+            out.headers.skip |= bit;
+            if is_echoable_id(value) {
+                out.request_id = Some(out.headers.fields[i].value);
+            }
+        } else if name_is(name, "x-forwarded-for") {
+            out.headers.skip |= bit;
+            out.forwarded_for |= bit;
+        } else if name_is(name, "x-worker-id") {
+            out.worker_id = Some(out.headers.fields[i].value);
+        } else if name_is(name, "authorization") {
+            out.authorization = Some(out.headers.fields[i].value);
+        }
+    }
+    out.headers.len = req.headers.len();
+    mark_connection_named(buf, &mut out.headers);
+
+    if hosts > 1 {
+        return Err(HttpError::Malformed("more than one Host header"));
+    }
+    if hosts == 0 && version == 1 {
+        return Err(HttpError::MissingHost);
+    }
+    out.body = match (content_length, chunked) {
+        (Some(_), true) => return Err(HttpError::LengthAndChunked),
+        (Some(n), false) if n > max_body_bytes => return Err(HttpError::BodyTooLarge),
+        (Some(0), false) | (None, false) => BodyFraming::None,
+        (Some(n), false) => BodyFraming::Length(n),
+        (None, true) => BodyFraming::Chunked,
+    };
+    if out.body == BodyFraming::None {
+        out.expect_continue = false;
+    }
+    Ok(true)
+}
+
+fn classify(buf: &[u8], e: httparse::Error) -> HttpError {
+    let folded = memchr::memmem::find(buf, b"\r\n ").is_some()
+        || memchr::memmem::find(buf, b"\r\n\t").is_some();
+    match e {
+        httparse::Error::HeaderName | httparse::Error::Token | httparse::Error::HeaderValue
+            if folded =>
+        {
+            HttpError::ObsFold
+        }
+        httparse::Error::HeaderName => HttpError::Malformed("invalid header name"),
+        httparse::Error::HeaderValue => HttpError::Malformed("invalid header value"),
+        httparse::Error::NewLine => HttpError::Malformed("invalid line ending"),
+        httparse::Error::Token => HttpError::Malformed("invalid request line"),
+        _ => HttpError::Malformed("invalid request"),
+    }
+}
+
+/// Reduces absolute-form (`http://host/path`) to origin-form; rejects other forms.
+fn origin_form(buf: &[u8], target: &[u8]) -> Result<Span, HttpError> {
+    if target.first() == Some(&b'/') {
+        return Ok(Span::of(buf, target));
+    }
+    let lower = |p: &[u8]| target.len() >= p.len() && target[..p.len()].eq_ignore_ascii_case(p);
+    let rest = if lower(b"http://") {
+        &target[7..]
+    } else if lower(b"https://") {
+        &target[8..]
+    } else {
+        return Err(HttpError::Malformed("request target must be a path"));
+    };
+    match memchr::memchr(b'/', rest) {
+        Some(p) => Ok(Span::of(buf, &rest[p..])),
+        None => Err(HttpError::Malformed("absolute request target without a path")),
+    }
+}
+
+fn is_echoable_id(v: &[u8]) -> bool {
+    !v.is_empty() && v.len() <= MAX_REQUEST_ID_LEN && v.iter().all(|b| b.is_ascii_graphic())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAX_BODY: u64 = 1024;
+
+    fn parse(raw: &str) -> Result<Option<RequestHead>, HttpError> {
+        let mut head = RequestHead::default();
+        parse_request(raw.as_bytes(), 4096, MAX_BODY, &mut head).map(|done| done.then_some(head))
+    }
+
+    fn forwarded(raw: &str) -> Vec<String> {
+        let head = parse(raw).unwrap().unwrap();
+        head.headers
+            .forwarded()
+            .map(|h| String::from_utf8_lossy(h.name.get(raw.as_bytes())).to_lowercase())
+            .collect()
+    }
+
+    /// Wire table: raw request → expected outcome.
+    #[test]
+    fn wire_table() {
+        use BodyFraming::*;
+        type Want = Result<Option<(BodyFraming, bool)>, HttpError>;
+        let cases: &[(&str, Want)] = &[
+            ("GET / HTTP/1.1\r\nHost: a\r\n\r\n", Ok(Some((None, true)))),
+            ("GET / HTTP/1.1\r\nHost: a\r\n", Ok(Option::None)),
+            ("GET / HTTP/1.0\r\n\r\n", Ok(Some((None, false)))),
+            ("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", Ok(Some((None, true)))),
+            ("GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", Ok(Some((None, false)))),
+            ("POST /v1/x HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n", Ok(Some((Length(5), true)))),
+            ("POST /v1/x HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n", Ok(Some((None, true)))),
+            ("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n", Ok(Some((Length(5), true)))),
+            ("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n", Ok(Some((Chunked, true)))),
+            ("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: Chunked\r\n\r\n", Ok(Some((Chunked, true)))),
+            ("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", Err(HttpError::ConflictingLength)),
+            ("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n", Err(HttpError::LengthAndChunked)),
+            ("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", Err(HttpError::UnsupportedTransferCoding)),
+            ("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, chunked\r\n\r\n", Err(HttpError::InvalidChunk("chunked applied twice"))),
+            ("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", Err(HttpError::Malformed("Transfer-Encoding in an HTTP/1.0 request"))),
+            ("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2048\r\n\r\n", Err(HttpError::BodyTooLarge)),
+            ("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: abc\r\n\r\n", Err(HttpError::InvalidLength)),
+            ("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n", Err(HttpError::InvalidLength)),
+            ("GET / HTTP/1.1\r\nHost: a\r\nX-A: b\r\n c\r\n\r\n", Err(HttpError::ObsFold)),
+            ("GET / HTTP/1.1\r\n\r\n", Err(HttpError::MissingHost)),
+            ("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", Err(HttpError::Malformed("more than one Host header"))),
+            ("GET / HTTP/2.0\r\nHost: a\r\n\r\n", Err(HttpError::Version)),
+            ("GET  HTTP/1.1\r\nHost: a\r\n\r\n", Err(HttpError::Malformed("invalid request line"))),
+            ("G@T / HTTP/1.1\r\nHost: a\r\n\r\n", Err(HttpError::Malformed("invalid request line"))),
+            ("GET / HTTP/1.1\r\nHo st: a\r\n\r\n", Err(HttpError::Malformed("invalid header name"))),
+            ("GET / HTTP/1.1\r\nHost: a\r\nX: a\0b\r\n\r\n", Err(HttpError::Malformed("invalid header value"))),
+            ("GET foo HTTP/1.1\r\nHost: a\r\n\r\n", Err(HttpError::Malformed("request target must be a path"))),
+        ];
+        for (raw, want) in cases {
+            let got = parse(raw).map(|o| o.map(|h| (h.body, h.keep_alive)));
+            assert_eq!(&got, want, "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn header_section_limit() {
+        let mut head = RequestHead::default();
+        let big = format!("GET / HTTP/1.1\r\nHost: a\r\nX: {}\r\n", "a".repeat(5000));
+        assert_eq!(
+            parse_request(big.as_bytes(), 4096, MAX_BODY, &mut head),
+            Err(HttpError::HeaderTooLarge)
+        );
+        let many: String = (0..200).map(|i| format!("X-{i}: v\r\n")).collect();
+        let raw = format!("GET / HTTP/1.1\r\nHost: a\r\n{many}\r\n");
+        assert_eq!(
+            parse_request(raw.as_bytes(), 1 << 20, MAX_BODY, &mut head),
+            Err(HttpError::HeaderTooLarge)
+        );
+    }
+
+    #[test]
+    fn hop_by_hop_and_connection_named_are_not_forwarded() {
+        let raw = "POST /v1/chat HTTP/1.1\r\nHost: h\r\nConnection: close, X-Secret\r\nX-Secret: 1\r\n\
+                   Keep-Alive: 5\r\nTE: trailers\r\nUpgrade: h2c\r\nProxy-Authorization: x\r\n\
+                   Content-Length: 2\r\nExpect: 100-continue\r\nX-Request-Id: abc\r\n\
+                   X-Forwarded-For: 1.2.3.4\r\nContent-Type: application/json\r\nX-Keep: y\r\n\r\n";
+        assert_eq!(forwarded(raw), ["host", "content-type", "x-keep"]);
+        let head = parse(raw).unwrap().unwrap();
+        assert!(head.expect_continue);
+        assert!(!head.keep_alive);
+        assert_eq!(head.request_id.unwrap().get(raw.as_bytes()), b"abc");
+        assert_eq!(head.forwarded_for.count_ones(), 1);
+    }
+
+    #[test]
+    fn absolute_form_and_path() {
+        let raw = "POST http://example.com/v1/completions?x=1 HTTP/1.1\r\nHost: e\r\n\r\n";
+        let head = parse(raw).unwrap().unwrap();
+        assert_eq!(head.target.get(raw.as_bytes()), b"/v1/completions?x=1");
+        assert_eq!(head.path(raw.as_bytes()), b"/v1/completions");
+    }
+
+    #[test]
+    fn unusable_request_id_is_replaced() {
+        let long = "a".repeat(MAX_REQUEST_ID_LEN + 1);
+        for bad in ["", "has space", long.as_str()] {
+            let raw = format!("GET / HTTP/1.1\r\nHost: a\r\nX-Request-Id: {bad}\r\n\r\n");
+            assert!(parse(&raw).unwrap().unwrap().request_id.is_none(), "{bad:?}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Arbitrary bytes never panic and never produce spans outside the buffer.
+        #[test]
+        fn never_panics(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512)) {
+            let mut head = RequestHead::default();
+            if let Ok(true) = parse_request(&data, 4096, MAX_BODY, &mut head) {
+                proptest::prop_assert!(head.head_len <= data.len());
+                for h in head.headers.iter() {
+                    proptest::prop_assert!(h.value.end as usize <= data.len());
+                }
+            }
+        }
+    }
+}

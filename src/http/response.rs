@@ -1,0 +1,194 @@
+//! Upstream response heads: status, framing (RFC 9112 §6.3) and the forwarding mask.
+
+use super::limits::MAX_HEADERS;
+use super::{
+    BodyFraming, HeaderList, HeaderSpan, HttpError, Span, is_hop_by_hop, list_tokens,
+    mark_connection_named, name_is, parse_content_length,
+};
+
+#[derive(Debug, Clone, Default)]
+pub struct ResponseHead {
+    pub status: u16,
+    pub reason: Span,
+    pub minor_version: u8,
+    pub head_len: usize,
+    pub headers: HeaderList,
+    pub body: Option<BodyFraming>,
+    /// The upstream connection may carry another request once this body is read.
+    pub reusable: bool,
+    /// `Content-Type: text/event-stream`.
+    pub event_stream: bool,
+}
+
+impl ResponseHead {
+    pub fn framing(&self) -> BodyFraming {
+        self.body.unwrap_or(BodyFraming::UntilClose)
+    }
+
+    pub fn is_informational(&self) -> bool {
+        (100..200).contains(&self.status)
+    }
+}
+
+/// Parses an upstream response head at the start of `buf`. `Ok(false)` means read more.
+/// Any error makes the response unusable (502 to the client, connection discarded).
+pub fn parse_response(
+    buf: &[u8],
+    max_header_bytes: usize,
+    request_was_head: bool,
+    out: &mut ResponseHead,
+) -> Result<bool, HttpError> {
+    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut fields);
+    let head_len = match resp.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() >= max_header_bytes => {
+            return Err(HttpError::HeaderTooLarge);
+        }
+        Ok(httparse::Status::Partial) => return Ok(false),
+        Err(httparse::Error::TooManyHeaders) => return Err(HttpError::HeaderTooLarge),
+        Err(httparse::Error::Version) => return Err(HttpError::Version),
+        Err(_) => return Err(HttpError::Malformed("invalid upstream response head")),
+    };
+    let (Some(code), Some(version)) = (resp.code, resp.version) else {
+        return Err(HttpError::Malformed("incomplete status line"));
+    };
+    *out = ResponseHead {
+        status: code,
+        reason: resp
+            .reason
+            .map(|r| Span::of(buf, r.as_bytes()))
+            .unwrap_or_default(),
+        minor_version: version,
+        head_len,
+        reusable: version == 1,
+        ..ResponseHead::default()
+    };
+
+    let mut content_length: Option<u64> = None;
+    let mut length_error = None;
+    let mut chunked_last = None;
+    for (i, h) in resp.headers.iter().enumerate() {
+        let name = h.name.as_bytes();
+        out.headers.fields[i] = HeaderSpan {
+            name: Span::of(buf, name),
+            value: Span::of(buf, h.value),
+        };
+        let bit = 1u128 << i;
+        if is_hop_by_hop(name) {
+            out.headers.skip |= bit;
+        }
+        if name_is(name, "content-length") {
+            out.headers.skip |= bit;
+            match parse_content_length(h.value, content_length) {
+                Ok(n) => content_length = Some(n),
+                Err(e) => length_error = Some(e),
+            }
+        } else if name_is(name, "transfer-encoding") {
+            chunked_last = list_tokens(h.value)
+                .last()
+                .map(|t| t.eq_ignore_ascii_case(b"chunked"))
+                .or(chunked_last);
+        } else if name_is(name, "connection") {
+            for token in list_tokens(h.value) {
+                if token.eq_ignore_ascii_case(b"close") {
+                    out.reusable = false;
+                } else if token.eq_ignore_ascii_case(b"keep-alive") && version == 0 {
+                    out.reusable = true;
+                }
+            }
+        } else if name_is(name, "x-request-id") {
+            out.headers.skip |= bit;
+        } else if name_is(name, "content-type") {
+            out.event_stream = h
+                .value
+                .trim_ascii_start()
+                .get(..17)
+                .is_some_and(|t| t.eq_ignore_ascii_case(b"text/event-stream"));
+        }
+    }
+    out.headers.len = resp.headers.len();
+    mark_connection_named(buf, &mut out.headers);
+
+    let no_body = request_was_head || code < 200 || code == 204 || code == 304;
+    out.body = if no_body {
+        Some(BodyFraming::None)
+    } else if let Some(chunked) = chunked_last {
+        // Transfer-Encoding overrides Content-Length; a message carrying both is suspect,
+        // so its connection is not reused.
+        if content_length.is_some() || length_error.is_some() {
+            out.reusable = false;
+        }
+        if chunked {
+            Some(BodyFraming::Chunked)
+        } else {
+            out.reusable = false;
+            None
+        }
+    } else if let Some(e) = length_error {
+        return Err(e);
+    } else {
+        match content_length {
+            Some(0) => Some(BodyFraming::None),
+            Some(n) => Some(BodyFraming::Length(n)),
+            None => {
+                out.reusable = false;
+                None
+            }
+        }
+    };
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use BodyFraming::*;
+
+    fn parse(raw: &str, head: bool) -> Result<Option<(u16, BodyFraming, bool)>, HttpError> {
+        let mut out = ResponseHead::default();
+        parse_response(raw.as_bytes(), 4096, head, &mut out)
+            .map(|done| done.then(|| (out.status, out.framing(), out.reusable)))
+    }
+
+    #[test]
+    fn wire_table() {
+        let cases: &[(&str, bool, Result<Option<(u16, BodyFraming, bool)>, HttpError>)] = &[
+            ("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc", false, Ok(Some((200, Length(3), true)))),
+            ("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n", false, Ok(Option::None)),
+            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", false, Ok(Some((200, Chunked, true)))),
+            ("HTTP/1.1 200 OK\r\n\r\n", false, Ok(Some((200, UntilClose, false)))),
+            ("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\n", false, Ok(Some((200, Length(1), false)))),
+            ("HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n", false, Ok(Some((200, Length(1), false)))),
+            ("HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 1\r\n\r\n", false, Ok(Some((200, Length(1), true)))),
+            ("HTTP/1.1 204 No Content\r\n\r\n", false, Ok(Some((204, None, true)))),
+            ("HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n", false, Ok(Some((304, None, true)))),
+            ("HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n", true, Ok(Some((200, None, true)))),
+            ("HTTP/1.1 100 Continue\r\n\r\n", false, Ok(Some((100, None, true)))),
+            ("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", false, Ok(Some((200, Chunked, false)))),
+            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", false, Ok(Some((200, UntilClose, false)))),
+            ("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n", false, Err(HttpError::ConflictingLength)),
+            ("HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", false, Err(HttpError::InvalidLength)),
+            ("HTTP/2 200 OK\r\n\r\n", false, Err(HttpError::Version)),
+            ("garbage\r\n\r\n", false, Err(HttpError::Version)),
+        ];
+        for (raw, head, want) in cases {
+            assert_eq!(&parse(raw, *head), want, "{raw:?}");
+        }
+    }
+
+    #[test]
+    fn event_stream_and_masks() {
+        let raw = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n\
+                   Transfer-Encoding: chunked\r\nX-Request-Id: up\r\nKeep-Alive: 5\r\nX-Kept: 1\r\n\r\n";
+        let mut out = ResponseHead::default();
+        assert_eq!(parse_response(raw.as_bytes(), 4096, false, &mut out), Ok(true));
+        assert!(out.event_stream);
+        let names: Vec<_> = out
+            .headers
+            .forwarded()
+            .map(|h| String::from_utf8_lossy(h.name.get(raw.as_bytes())).into_owned())
+            .collect();
+        assert_eq!(names, ["Content-Type", "X-Kept"]);
+    }
+}

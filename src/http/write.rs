@@ -1,0 +1,203 @@
+//! Head rewriting: what goes upstream and what goes back to the client. Appends to a
+//! reused buffer; allocates only if that buffer must grow.
+
+use super::canned::{canonical_reason, status_line};
+use super::request::RequestHead;
+use super::response::ResponseHead;
+use super::{BodyFraming, HeaderSpan};
+
+fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
+    out.extend_from_slice(name);
+    out.extend_from_slice(b": ");
+    out.extend_from_slice(value);
+    out.extend_from_slice(b"\r\n");
+}
+
+fn forwarded_fields<'a>(out: &mut Vec<u8>, buf: &[u8], fields: impl Iterator<Item = &'a HeaderSpan>) {
+    for h in fields {
+        header(out, h.name.get(buf), h.value.get(buf));
+    }
+}
+
+/// Ends a head: `x-request-id`, `connection: close` when the connection will close, blank line.
+pub fn finish_head(out: &mut Vec<u8>, request_id: &[u8], keep_alive: bool) {
+    header(out, b"x-request-id", request_id);
+    if !keep_alive {
+        out.extend_from_slice(b"connection: close\r\n");
+    }
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The request head sent upstream: same method and target, HTTP/1.1, forwarded fields,
+/// a de-chunked `content-length`, the extended `x-forwarded-for` and the request id.
+pub fn upstream_request_head(
+    out: &mut Vec<u8>,
+    buf: &[u8],
+    head: &RequestHead,
+    body_len: usize,
+    client_ip: &[u8],
+    request_id: &[u8],
+) {
+    out.extend_from_slice(head.method_span.get(buf));
+    out.push(b' ');
+    out.extend_from_slice(head.target.get(buf));
+    out.extend_from_slice(b" HTTP/1.1\r\n");
+    forwarded_fields(out, buf, head.headers.forwarded());
+    if body_len > 0 || head.body != BodyFraming::None {
+        out.extend_from_slice(b"content-length: ");
+        out.extend_from_slice(itoa::Buffer::new().format(body_len).as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    out.extend_from_slice(b"x-forwarded-for: ");
+    for (i, h) in head.headers.iter().enumerate() {
+        if head.forwarded_for & (1u128 << i) != 0 {
+            out.extend_from_slice(h.value.get(buf));
+            out.extend_from_slice(b", ");
+        }
+    }
+    out.extend_from_slice(client_ip);
+    out.extend_from_slice(b"\r\n");
+    header(out, b"x-request-id", request_id);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// How the client sees the response body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientFraming {
+    None,
+    Length(u64),
+    /// Upstream chunks passed through as they are.
+    Chunked,
+    /// A close-delimited upstream body re-chunked for an HTTP/1.1 client.
+    Rechunk,
+    /// Close-delimited to an HTTP/1.0 client: we close after the body.
+    UntilClose,
+}
+
+impl ClientFraming {
+    pub fn for_response(upstream: BodyFraming, client_minor: u8) -> ClientFraming {
+        match upstream {
+            BodyFraming::None => ClientFraming::None,
+            BodyFraming::Length(n) => ClientFraming::Length(n),
+            BodyFraming::Chunked if client_minor == 1 => ClientFraming::Chunked,
+            BodyFraming::Chunked | BodyFraming::UntilClose if client_minor == 0 => {
+                ClientFraming::UntilClose
+            }
+            BodyFraming::Chunked | BodyFraming::UntilClose => ClientFraming::Rechunk,
+        }
+    }
+
+    pub fn allows_keep_alive(&self) -> bool {
+        *self != ClientFraming::UntilClose
+    }
+}
+
+/// The response head sent to the client.
+pub fn client_response_head(
+    out: &mut Vec<u8>,
+    buf: &[u8],
+    resp: &ResponseHead,
+    framing: ClientFraming,
+    request_id: &[u8],
+    keep_alive: bool,
+    client_minor: u8,
+) {
+    let reason = resp.reason.get(buf);
+    let reason = if reason.is_empty() {
+        canonical_reason(resp.status).as_bytes()
+    } else {
+        reason
+    };
+    status_line(out, resp.status, reason);
+    forwarded_fields(out, buf, resp.headers.forwarded());
+    match framing {
+        ClientFraming::Length(n) => {
+            out.extend_from_slice(b"content-length: ");
+            out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        ClientFraming::None if !(resp.status < 200 || resp.status == 204 || resp.status == 304) => {
+            out.extend_from_slice(b"content-length: 0\r\n");
+        }
+        ClientFraming::Chunked | ClientFraming::Rechunk => {
+            out.extend_from_slice(b"transfer-encoding: chunked\r\n");
+        }
+        ClientFraming::None | ClientFraming::UntilClose => {}
+    }
+    if keep_alive && client_minor == 0 {
+        out.extend_from_slice(b"connection: keep-alive\r\n");
+    }
+    finish_head(out, request_id, keep_alive);
+}
+
+/// Wraps `data` as one chunk (for [`ClientFraming::Rechunk`]).
+pub fn chunk(out: &mut Vec<u8>, data: &[u8]) {
+    let mut hex = [0u8; 16];
+    let mut n = data.len();
+    let mut i = hex.len();
+    loop {
+        i -= 1;
+        hex[i] = b"0123456789abcdef"[n & 0xf];
+        n >>= 4;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&hex[i..]);
+    out.extend_from_slice(b"\r\n");
+    out.extend_from_slice(data);
+    out.extend_from_slice(b"\r\n");
+}
+
+pub const LAST_CHUNK: &[u8] = b"0\r\n\r\n";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::http::request::parse_request;
+    use crate::http::response::parse_response;
+
+    #[test]
+    fn upstream_head_rewrite() {
+        let raw = b"POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nTransfer-Encoding: chunked\r\n\
+                    Connection: keep-alive, X-Hop\r\nX-Hop: 1\r\nX-Forwarded-For: 9.9.9.9\r\n\
+                    Content-Type: application/json\r\n\r\n";
+        let mut head = RequestHead::default();
+        assert_eq!(parse_request(raw, 4096, 1 << 20, &mut head), Ok(true));
+        let mut out = Vec::new();
+        upstream_request_head(&mut out, raw, &head, 17, b"10.0.0.1", b"rid");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nContent-Type: application/json\r\n\
+             content-length: 17\r\nx-forwarded-for: 9.9.9.9, 10.0.0.1\r\nx-request-id: rid\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn client_head_rewrite() {
+        let raw = b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nConnection: close\r\n\
+                    X-Request-Id: theirs\r\n\r\n";
+        let mut resp = ResponseHead::default();
+        assert_eq!(parse_response(raw, 4096, false, &mut resp), Ok(true));
+        let framing = ClientFraming::for_response(resp.framing(), 1);
+        assert_eq!(framing, ClientFraming::Rechunk);
+        let mut out = Vec::new();
+        client_response_head(&mut out, raw, &resp, framing, b"ours", true, 1);
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\ntransfer-encoding: chunked\r\n\
+             x-request-id: ours\r\n\r\n"
+        );
+    }
+
+    #[test]
+    fn chunk_framing() {
+        let mut out = Vec::new();
+        chunk(&mut out, &[b'x'; 26]);
+        assert!(out.starts_with(b"1a\r\n"));
+        assert!(out.ends_with(b"x\r\n"));
+        let mut out = Vec::new();
+        chunk(&mut out, b"");
+        assert_eq!(out, b"0\r\n\r\n");
+    }
+}

@@ -1,0 +1,1 @@
+//! Prometheus exposition (filled in with the monitor).

@@ -1,0 +1,464 @@
+//! The request-body scanner: finds the top-level `model` (and `stream`, `max_tokens`, the
+//! prompt's size) of an OpenAI-style JSON body without allocating or building a tree.
+//!
+//! It walks the top-level object key by key and skips each value as a unit: strings with
+//! their escapes (`memchr` jumps to the next quote or backslash), nested objects and arrays
+//! by bracket matching. So a nested `"model"` key or a `\"model\"` inside a string is never
+//! mistaken for the top-level one. It checks structure (balanced brackets, terminated
+//! strings, key/colon/comma order at the top level), not every JSON rule: the engine
+//! validates the body fully; Spillway only needs to route it unambiguously. A repeated
+//! top-level `model` key is refused, because parsers disagree on which copy wins.
+
+/// Bounded nesting, as serde_json does (128); deeper bodies are refused.
+pub const MAX_DEPTH: u32 = 128;
+
+/// A JSON string's raw contents (between the quotes, escapes not decoded).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct JsonStr<'a> {
+    pub raw: &'a [u8],
+    pub escaped: bool,
+}
+
+impl<'a> JsonStr<'a> {
+    /// The string's bytes if it holds no escapes; otherwise decodes into `scratch`.
+    pub fn decoded<'s>(&self, scratch: &'s mut Vec<u8>) -> Result<&'s [u8], PeekError>
+    where
+        'a: 's,
+    {
+        if !self.escaped {
+            return Ok(self.raw);
+        }
+        scratch.clear();
+        self.decode_with(|part| scratch.extend_from_slice(part))?;
+        Ok(scratch)
+    }
+
+    /// Equality with `lit` after decoding escapes, without allocating.
+    pub fn is(&self, lit: &[u8]) -> bool {
+        if !self.escaped {
+            return self.raw == lit;
+        }
+        let (mut at, mut same) = (0, true);
+        let decoded = self.decode_with(|part| {
+            same = same && lit.get(at..at + part.len()) == Some(part);
+            at += part.len();
+        });
+        decoded.is_ok() && same && at == lit.len()
+    }
+
+    /// Feeds the decoded string to `out` piece by piece.
+    fn decode_with(&self, mut out: impl FnMut(&[u8])) -> Result<(), PeekError> {
+        let mut rest = self.raw;
+        while let Some(i) = memchr::memchr(b'\\', rest) {
+            out(&rest[..i]);
+            let (decoded, used) = unescape(&rest[i..])?;
+            let mut utf8 = [0u8; 4];
+            out(decoded.encode_utf8(&mut utf8).as_bytes());
+            rest = &rest[i + used..];
+        }
+        out(rest);
+        Ok(())
+    }
+}
+
+/// Decodes the escape at the start of `s` (which begins with a backslash).
+fn unescape(s: &[u8]) -> Result<(char, usize), PeekError> {
+    let simple = match s.get(1) {
+        Some(b'"') => '"',
+        Some(b'\\') => '\\',
+        Some(b'/') => '/',
+        Some(b'b') => '\u{8}',
+        Some(b'f') => '\u{c}',
+        Some(b'n') => '\n',
+        Some(b'r') => '\r',
+        Some(b't') => '\t',
+        Some(b'u') => {
+            let code = hex4(s.get(2..6))?;
+            if !(0xd800..0xdc00).contains(&code) {
+                return char::from_u32(code).map(|c| (c, 6)).ok_or(PeekError::BadEscape);
+            }
+            if s.get(6..8) != Some(b"\\u") {
+                return Err(PeekError::BadEscape);
+            }
+            let low = hex4(s.get(8..12))?;
+            if !(0xdc00..0xe000).contains(&low) {
+                return Err(PeekError::BadEscape);
+            }
+            let code = 0x10000 + ((code - 0xd800) << 10) + (low - 0xdc00);
+            return char::from_u32(code).map(|c| (c, 12)).ok_or(PeekError::BadEscape);
+        }
+        _ => return Err(PeekError::BadEscape),
+    };
+    Ok((simple, 2))
+}
+
+fn hex4(digits: Option<&[u8]>) -> Result<u32, PeekError> {
+    let digits = digits.ok_or(PeekError::BadEscape)?;
+    digits.iter().try_fold(0u32, |v, &c| {
+        let d = (c as char).to_digit(16).ok_or(PeekError::BadEscape)?;
+        Ok(v * 16 + d)
+    })
+}
+
+/// What routing and load tracking need from a body.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RequestPeek<'a> {
+    pub model: Option<JsonStr<'a>>,
+    /// `"stream": true` at the top level.
+    pub stream: bool,
+    /// Bytes of the `messages`, `prompt` or `input` value: the prompt-size estimate's input.
+    pub prompt_bytes: usize,
+    /// `max_completion_tokens`, else `max_tokens`, when a non-negative integer.
+    pub max_tokens: Option<u64>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum PeekError {
+    #[error("request body is not a JSON object")]
+    NotObject,
+    #[error("request body is not valid JSON")]
+    Syntax,
+    #[error("request body nests deeper than 128 levels")]
+    TooDeep,
+    #[error("invalid escape in a JSON string")]
+    BadEscape,
+    #[error("`model` must be a string")]
+    ModelNotString,
+    #[error("`model` appears more than once")]
+    DuplicateModel,
+}
+
+struct Scanner<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Scanner<'a> {
+    #[inline]
+    fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.buf.get(self.pos) {
+            self.pos += 1;
+        }
+    }
+
+    #[inline]
+    fn peek(&self) -> Option<u8> {
+        self.buf.get(self.pos).copied()
+    }
+
+    fn expect(&mut self, b: u8) -> Result<(), PeekError> {
+        if self.peek() == Some(b) {
+            self.pos += 1;
+            Ok(())
+        } else {
+            Err(PeekError::Syntax)
+        }
+    }
+
+    /// At an opening quote: consumes the string, returns its raw contents.
+    fn string(&mut self) -> Result<JsonStr<'a>, PeekError> {
+        self.expect(b'"')?;
+        let start = self.pos;
+        let mut escaped = false;
+        loop {
+            let rest = &self.buf[self.pos..];
+            let Some(i) = memchr::memchr2(b'"', b'\\', rest) else {
+                return Err(PeekError::Syntax);
+            };
+            self.pos += i;
+            if self.buf[self.pos] == b'"' {
+                let raw = &self.buf[start..self.pos];
+                self.pos += 1;
+                return Ok(JsonStr { raw, escaped });
+            }
+            escaped = true;
+            match self.buf.get(self.pos + 1) {
+                Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => self.pos += 2,
+                Some(b'u') => {
+                    let hex = self.buf.get(self.pos + 2..self.pos + 6).ok_or(PeekError::Syntax)?;
+                    if !hex.iter().all(u8::is_ascii_hexdigit) {
+                        return Err(PeekError::BadEscape);
+                    }
+                    self.pos += 6;
+                }
+                _ => return Err(PeekError::BadEscape),
+            }
+        }
+    }
+
+    /// A bare scalar (number, true, false, null): consumes it and returns its text.
+    fn scalar(&mut self) -> Result<&'a [u8], PeekError> {
+        let start = self.pos;
+        while let Some(b'a'..=b'z' | b'0'..=b'9' | b'-' | b'+' | b'.' | b'E') = self.peek() {
+            self.pos += 1;
+        }
+        let tok = &self.buf[start..self.pos];
+        let ok = match tok.first() {
+            Some(b't') => tok == b"true",
+            Some(b'f') => tok == b"false",
+            Some(b'n') => tok == b"null",
+            Some(b'-' | b'0'..=b'9') => tok[1..].iter().all(|c| !c.is_ascii_lowercase() || *c == b'e'),
+            _ => false,
+        };
+        if ok { Ok(tok) } else { Err(PeekError::Syntax) }
+    }
+
+    /// At an opening bracket: skips the whole container. Structure inside is checked by
+    /// bracket matching (a bit stack of object/array) and string termination.
+    fn container(&mut self) -> Result<(), PeekError> {
+        let mut stack: u128 = 0; // bit set = object
+        let mut depth: u32 = 0;
+        loop {
+            let Some(b) = self.peek() else {
+                return Err(PeekError::Syntax);
+            };
+            match b {
+                b'"' => {
+                    self.string()?;
+                    continue;
+                }
+                b'{' | b'[' => {
+                    depth += 1;
+                    if depth > MAX_DEPTH - 1 {
+                        return Err(PeekError::TooDeep);
+                    }
+                    stack = (stack << 1) | u128::from(b == b'{');
+                }
+                b'}' | b']' => {
+                    if depth == 0 || (stack & 1 == 1) != (b == b'}') {
+                        return Err(PeekError::Syntax);
+                    }
+                    stack >>= 1;
+                    depth -= 1;
+                    if depth == 0 {
+                        self.pos += 1;
+                        return Ok(());
+                    }
+                }
+                _ => {}
+            }
+            self.pos += 1;
+        }
+    }
+
+    fn value(&mut self) -> Result<Value<'a>, PeekError> {
+        match self.peek() {
+            Some(b'"') => self.string().map(Value::Str),
+            Some(b'{' | b'[') => self.container().map(|()| Value::Container),
+            Some(_) => self.scalar().map(Value::Scalar),
+            None => Err(PeekError::Syntax),
+        }
+    }
+}
+
+/// The top-level keys the scanner cares about; escaped spellings count too, since the
+/// engine's parser decodes them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Key {
+    Model,
+    Stream,
+    Prompt,
+    MaxTokens,
+    MaxCompletionTokens,
+    Other,
+}
+
+impl Key {
+    fn of(k: &JsonStr<'_>) -> Key {
+        const KEYS: [(&[u8], Key); 7] = [
+            (b"model", Key::Model),
+            (b"stream", Key::Stream),
+            (b"messages", Key::Prompt),
+            (b"prompt", Key::Prompt),
+            (b"input", Key::Prompt),
+            (b"max_tokens", Key::MaxTokens),
+            (b"max_completion_tokens", Key::MaxCompletionTokens),
+        ];
+        KEYS.iter()
+            .find(|(lit, _)| k.is(lit))
+            .map_or(Key::Other, |(_, key)| *key)
+    }
+}
+
+enum Value<'a> {
+    Str(JsonStr<'a>),
+    Scalar(&'a [u8]),
+    Container,
+}
+
+/// Scans a body for the fields Spillway routes on. Allocates nothing.
+pub fn peek(body: &[u8]) -> Result<RequestPeek<'_>, PeekError> {
+    let mut s = Scanner { buf: body, pos: 0 };
+    let mut out = RequestPeek::default();
+    let mut max_completion = None;
+    s.skip_ws();
+    if s.peek() != Some(b'{') {
+        return Err(PeekError::NotObject);
+    }
+    s.pos += 1;
+    s.skip_ws();
+    if s.peek() == Some(b'}') {
+        s.pos += 1;
+    } else {
+        loop {
+            s.skip_ws();
+            let key = s.string()?;
+            s.skip_ws();
+            s.expect(b':')?;
+            s.skip_ws();
+            let start = s.pos;
+            let value = s.value()?;
+            match (Key::of(&key), value) {
+                (Key::Model, Value::Str(m)) => {
+                    if out.model.replace(m).is_some() {
+                        return Err(PeekError::DuplicateModel);
+                    }
+                }
+                (Key::Model, _) => return Err(PeekError::ModelNotString),
+                (Key::Stream, Value::Scalar(v)) => out.stream = v == b"true",
+                (Key::Prompt, _) => out.prompt_bytes += s.pos - start,
+                (Key::MaxTokens, Value::Scalar(v)) => out.max_tokens = parse_u64(v),
+                (Key::MaxCompletionTokens, Value::Scalar(v)) => max_completion = parse_u64(v),
+                _ => {}
+            }
+            s.skip_ws();
+            match s.peek() {
+                Some(b',') => s.pos += 1,
+                Some(b'}') => {
+                    s.pos += 1;
+                    break;
+                }
+                _ => return Err(PeekError::Syntax),
+            }
+        }
+    }
+    s.skip_ws();
+    if s.pos != body.len() {
+        return Err(PeekError::Syntax);
+    }
+    out.max_tokens = max_completion.or(out.max_tokens);
+    Ok(out)
+}
+
+fn parse_u64(v: &[u8]) -> Option<u64> {
+    if v.is_empty() || v.len() > 19 || !v.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    Some(v.iter().fold(0u64, |a, &d| a * 10 + u64::from(d - b'0')))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn model(body: &str) -> Result<Option<String>, PeekError> {
+        let p = peek(body.as_bytes())?;
+        let mut scratch = Vec::new();
+        Ok(match p.model {
+            Some(m) => Some(String::from_utf8(m.decoded(&mut scratch)?.to_vec()).unwrap()),
+            None => None,
+        })
+    }
+
+    #[test]
+    fn table() {
+        let ok: &[(&str, Option<&str>)] = &[
+            (r#"{"model":"m1","messages":[]}"#, Some("m1")),
+            (r#"  {  "model" : "m1" }  "#, Some("m1")),
+            (r#"{"messages":[{"model":"nested"}],"model":"top"}"#, Some("top")),
+            (r#"{"messages":[{"model":"nested"}]}"#, None),
+            (r#"{"x":{"model":"nested","y":[1,{"model":"deeper"}]}}"#, None),
+            (r#"{"prompt":"say \"model\": \"fake\"","model":"real"}"#, Some("real")),
+            (r#"{"prompt":"ends with backslash \\","model":"real"}"#, Some("real")),
+            (r#"{"model":"Qwen\/Qwen3-0.6B"}"#, Some("Qwen/Qwen3-0.6B")),
+            (r#"{"model":"caf\u00e9 \ud83d\ude00"}"#, Some("café 😀")),
+            (r#"{"\u006dodel":"escaped-key"}"#, Some("escaped-key")),
+            (r#"{"\"model\"":"quoted-key-is-not-model"}"#, None),
+            (r#"{}"#, None),
+            (r#"{"a":[],"b":{},"c":null,"d":-1.5e3,"model":"m"}"#, Some("m")),
+        ];
+        for (body, want) in ok {
+            assert_eq!(model(body), Ok(want.map(str::to_string)), "{body}");
+        }
+        let bad: &[(&str, PeekError)] = &[
+            ("", PeekError::NotObject),
+            ("[1]", PeekError::NotObject),
+            ("model=m1", PeekError::NotObject),
+            (r#"{"model":"m1""#, PeekError::Syntax),
+            (r#"{"model":"m1",}"#, PeekError::Syntax),
+            (r#"{"model":"m1"} x"#, PeekError::Syntax),
+            (r#"{"model":"m1}"#, PeekError::Syntax),
+            (r#"{"a":[1,2}"#, PeekError::Syntax),
+            (r#"{"a":{]}"#, PeekError::Syntax),
+            (r#"{"a":tru}"#, PeekError::Syntax),
+            (r#"{"model":1}"#, PeekError::ModelNotString),
+            (r#"{"model":"a","model":"b"}"#, PeekError::DuplicateModel),
+            (r#"{"model":"a","mod\u0065l":"b"}"#, PeekError::DuplicateModel),
+            (r#"{"model":"a\x"}"#, PeekError::BadEscape),
+            (r#"{"model":"\ud800"}"#, PeekError::BadEscape),
+        ];
+        for (body, want) in bad {
+            assert_eq!(model(body), Err(*want), "{body}");
+        }
+        let deep = format!("{{\"a\":{}{}}}", "[".repeat(200), "]".repeat(200));
+        assert_eq!(peek(deep.as_bytes()), Err(PeekError::TooDeep));
+    }
+
+    #[test]
+    fn extracts_stream_tokens_and_prompt_size() {
+        let body = r#"{"model":"m","stream":true,"max_tokens":64,"messages":[{"role":"user","content":"hi"}]}"#;
+        let p = peek(body.as_bytes()).unwrap();
+        assert!(p.stream);
+        assert_eq!(p.max_tokens, Some(64));
+        assert_eq!(p.prompt_bytes, r#"[{"role":"user","content":"hi"}]"#.len());
+        let p = peek(br#"{"model":"m","stream":false,"max_tokens":5,"max_completion_tokens":7}"#).unwrap();
+        assert!(!p.stream);
+        assert_eq!(p.max_tokens, Some(7));
+    }
+
+    proptest::proptest! {
+        /// Against serde_json as the oracle: for any valid JSON object, the scanner finds the
+        /// same top-level model.
+        #[test]
+        fn agrees_with_serde(v in arb_object()) {
+            let text = serde_json::to_string(&v).unwrap();
+            let want = v.get("model").and_then(|m| m.as_str()).map(str::to_string);
+            match v.get("model") {
+                Some(m) if !m.is_string() => proptest::prop_assert_eq!(model(&text), Err(PeekError::ModelNotString)),
+                _ => proptest::prop_assert_eq!(model(&text), Ok(want)),
+            }
+            let pretty = serde_json::to_string_pretty(&v).unwrap();
+            proptest::prop_assert_eq!(peek(text.as_bytes()).map(|p| p.model.is_some()), peek(pretty.as_bytes()).map(|p| p.model.is_some()));
+        }
+
+        /// Arbitrary bytes never panic.
+        #[test]
+        fn never_panics(data in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..256)) {
+            let _ = peek(&data);
+        }
+    }
+
+    fn arb_json() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::from),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(serde_json::Value::from),
+            "(model|\\\\|\"|[a-z]|\\{|\\}|\\[|\\]|\u{e9}|\u{1F600}|\n){0,8}".prop_map(serde_json::Value::from),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                proptest::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::from),
+                proptest::collection::vec(("(model|m|\"model\"|x)", inner), 0..6)
+                    .prop_map(|kv| serde_json::Value::Object(kv.into_iter().collect())),
+            ]
+        })
+    }
+
+    fn arb_object() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
+        use proptest::prelude::*;
+        proptest::collection::vec(("(model|messages|\"model\"|stream|k[0-9])", arb_json()), 0..6)
+            .prop_map(|kv| serde_json::Value::Object(kv.into_iter().collect()))
+    }
+}

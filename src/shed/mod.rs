@@ -1,0 +1,234 @@
+//! The busy rule (semantics §3) as pure code: thresholds, per-rank checks with the decode
+//! latch, and the all-ranks aggregation. No I/O, no clock: the monitor feeds it values.
+
+use serde::{Deserialize, Serialize};
+
+/// A model's busy thresholds; each unset by default, each enabling only its own check.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Thresholds {
+    pub active_decode_blocks_threshold: Option<f64>,
+    pub active_prefill_tokens_threshold: Option<u64>,
+    pub active_prefill_tokens_threshold_frac: Option<f64>,
+}
+
+impl Thresholds {
+    /// Whether any check is configured (busy workers are excluded only then).
+    pub fn any(&self) -> bool {
+        self.active_decode_blocks_threshold.is_some()
+            || self.active_prefill_tokens_threshold.is_some()
+            || self.active_prefill_tokens_threshold_frac.is_some()
+    }
+
+    /// Dynamo's validation messages, verbatim.
+    pub fn validate(&self) -> Result<(), String> {
+        if let Some(v) = self.active_decode_blocks_threshold {
+            if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
+                return Err(format!(
+                    "active_decode_blocks_threshold must be between 0.0 and 1.0, got {v}"
+                ));
+            }
+        }
+        if let Some(v) = self.active_prefill_tokens_threshold_frac {
+            if !(v.is_finite() && v >= 0.0) {
+                return Err(format!(
+                    "active_prefill_tokens_threshold_frac must be a finite value greater than or equal to 0.0, got {v}"
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Partial merge: fields set in `update` replace ours, unset ones keep ours.
+    pub fn merged(&self, update: &Thresholds) -> Thresholds {
+        Thresholds {
+            active_decode_blocks_threshold: update
+                .active_decode_blocks_threshold
+                .or(self.active_decode_blocks_threshold),
+            active_prefill_tokens_threshold: update
+                .active_prefill_tokens_threshold
+                .or(self.active_prefill_tokens_threshold),
+            active_prefill_tokens_threshold_frac: update
+                .active_prefill_tokens_threshold_frac
+                .or(self.active_prefill_tokens_threshold_frac),
+        }
+    }
+}
+
+/// One rank's effective load and capacity; `None` = unknown (never read as zero).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RankLoad {
+    pub active_decode_blocks: Option<u64>,
+    pub kv_used_blocks: Option<u64>,
+    pub active_prefill_tokens: Option<u64>,
+    pub kv_total_blocks: Option<u64>,
+    pub max_num_batched_tokens: Option<u64>,
+}
+
+/// Evaluates one rank. `latch` is the rank's decode latch, updated in place: set when either
+/// decode signal is above the threshold, cleared only when every present one is at or below.
+pub fn rank_busy(t: &Thresholds, load: &RankLoad, latch: &mut bool) -> bool {
+    let mut busy = false;
+    if let Some(frac) = t.active_decode_blocks_threshold {
+        match load.kv_total_blocks {
+            Some(total) if total > 0 => {
+                let limit = frac * total as f64;
+                let signals = [load.kv_used_blocks, load.active_decode_blocks];
+                if signals.iter().flatten().any(|&used| used as f64 > limit) {
+                    *latch = true;
+                } else if signals.iter().flatten().all(|&used| used as f64 <= limit) {
+                    *latch = false;
+                }
+                busy |= *latch;
+            }
+            _ => *latch = false,
+        }
+    } else {
+        *latch = false;
+    }
+    if let (Some(limit), Some(tokens)) = (t.active_prefill_tokens_threshold, load.active_prefill_tokens) {
+        busy |= tokens > limit;
+    }
+    if let (Some(frac), Some(max), Some(tokens)) = (
+        t.active_prefill_tokens_threshold_frac,
+        load.max_num_batched_tokens,
+        load.active_prefill_tokens,
+    ) {
+        busy |= tokens > (frac * max as f64) as u64;
+    }
+    busy
+}
+
+/// A worker is busy only when it has ranks and every one of them is busy.
+pub fn worker_busy(ranks: impl IntoIterator<Item = bool>) -> bool {
+    let mut any = false;
+    for busy in ranks {
+        if !busy {
+            return false;
+        }
+        any = true;
+    }
+    any
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn t(decode: Option<f64>, abs: Option<u64>, frac: Option<f64>) -> Thresholds {
+        Thresholds {
+            active_decode_blocks_threshold: decode,
+            active_prefill_tokens_threshold: abs,
+            active_prefill_tokens_threshold_frac: frac,
+        }
+    }
+
+    fn load(decode: Option<u64>, used: Option<u64>, prefill: Option<u64>, total: Option<u64>, max: Option<u64>) -> RankLoad {
+        RankLoad {
+            active_decode_blocks: decode,
+            kv_used_blocks: used,
+            active_prefill_tokens: prefill,
+            kv_total_blocks: total,
+            max_num_batched_tokens: max,
+        }
+    }
+
+    #[test]
+    fn table() {
+        let cases = [
+            // (thresholds, load, busy)
+            (t(None, None, None), load(Some(1000), Some(1000), Some(1 << 30), Some(10), Some(1)), false),
+            (t(Some(0.85), None, None), load(Some(86), None, None, Some(100), None), true),
+            (t(Some(0.85), None, None), load(Some(85), None, None, Some(100), None), false),
+            (t(Some(0.85), None, None), load(None, Some(86), None, Some(100), None), true),
+            (t(Some(0.85), None, None), load(Some(99), None, None, None, None), false),
+            (t(Some(0.85), None, None), load(Some(99), None, None, Some(0), None), false),
+            (t(Some(0.0), None, None), load(Some(1), None, None, Some(100), None), true),
+            (t(Some(0.0), None, None), load(Some(0), None, None, Some(100), None), false),
+            (t(None, Some(100), None), load(None, None, Some(101), None, None), true),
+            (t(None, Some(100), None), load(None, None, Some(100), None, None), false),
+            (t(None, Some(100), None), load(None, None, None, None, None), false),
+            (t(None, None, Some(0.5)), load(None, None, Some(51), None, Some(100)), true),
+            (t(None, None, Some(0.5)), load(None, None, Some(50), None, Some(100)), false),
+            (t(None, None, Some(2.0)), load(None, None, Some(201), None, Some(100)), true),
+            (t(None, None, Some(0.5)), load(None, None, Some(1 << 40), None, None), false),
+            (t(Some(0.9), Some(10), None), load(Some(1), None, Some(11), Some(100), None), true),
+        ];
+        for (i, (th, l, want)) in cases.iter().enumerate() {
+            let mut latch = false;
+            assert_eq!(rank_busy(th, l, &mut latch), *want, "case {i}");
+        }
+    }
+
+    #[test]
+    fn latch_holds_until_every_signal_is_below() {
+        let th = t(Some(0.5), None, None);
+        let mut latch = false;
+        // Push reports 60 used blocks (busy); tracked says 10: latch set by either.
+        assert!(rank_busy(&th, &load(Some(10), Some(60), None, Some(100), None), &mut latch));
+        // One publisher drops to 10 while the other still reports 60: stays busy.
+        assert!(rank_busy(&th, &load(Some(60), Some(10), None, Some(100), None), &mut latch));
+        // Both at or below: clears.
+        assert!(!rank_busy(&th, &load(Some(50), Some(10), None, Some(100), None), &mut latch));
+        assert!(!latch);
+    }
+
+    #[test]
+    fn validation_messages() {
+        assert_eq!(
+            t(Some(1.5), None, None).validate(),
+            Err("active_decode_blocks_threshold must be between 0.0 and 1.0, got 1.5".into())
+        );
+        assert_eq!(
+            t(None, None, Some(-0.5)).validate(),
+            Err("active_prefill_tokens_threshold_frac must be a finite value greater than or equal to 0.0, got -0.5".into())
+        );
+        assert!(t(Some(f64::NAN), None, None).validate().is_err());
+        assert!(t(None, None, Some(f64::INFINITY)).validate().is_err());
+        assert!(t(Some(0.0), Some(0), Some(3.0)).validate().is_ok());
+    }
+
+    #[test]
+    fn aggregation() {
+        assert!(!worker_busy([]));
+        assert!(worker_busy([true]));
+        assert!(!worker_busy([true, false]));
+        assert!(worker_busy([true, true, true]));
+    }
+
+    proptest! {
+        /// With no thresholds nothing is ever busy.
+        #[test]
+        fn unset_never_busy(d in any::<Option<u64>>(), u in any::<Option<u64>>(), p in any::<Option<u64>>(),
+                            tot in any::<Option<u64>>(), m in any::<Option<u64>>()) {
+            let mut latch = false;
+            prop_assert!(!rank_busy(&Thresholds::default(), &load(d, u, p, tot, m), &mut latch));
+        }
+
+        /// Busy is monotone in load: more prefill tokens never make a busy rank free.
+        #[test]
+        fn monotone_in_prefill(abs in 0u64..10_000, frac in 0.0f64..4.0, max in 1u64..100_000,
+                               a in 0u64..100_000, extra in 0u64..100_000) {
+            let th = t(None, Some(abs), Some(frac));
+            let (mut l1, mut l2) = (false, false);
+            let lo = rank_busy(&th, &load(None, None, Some(a), None, Some(max)), &mut l1);
+            let hi = rank_busy(&th, &load(None, None, Some(a + extra), None, Some(max)), &mut l2);
+            prop_assert!(!lo || hi);
+        }
+
+        /// Decode check agrees with the formula `used > t * total` (fresh latch).
+        #[test]
+        fn decode_formula(frac in 0.0f64..=1.0, total in 1u64..1_000_000, used in 0u64..1_000_000) {
+            let mut latch = false;
+            let busy = rank_busy(&t(Some(frac), None, None), &load(Some(used), None, None, Some(total), None), &mut latch);
+            prop_assert_eq!(busy, used as f64 > frac * total as f64);
+        }
+
+        /// A worker is busy iff all of its (at least one) ranks are.
+        #[test]
+        fn all_ranks(ranks in proptest::collection::vec(any::<bool>(), 0..16)) {
+            prop_assert_eq!(worker_busy(ranks.iter().copied()), !ranks.is_empty() && ranks.iter().all(|b| *b));
+        }
+    }
+}
