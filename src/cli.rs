@@ -9,7 +9,11 @@ use crate::config::{Config, ConfigError, DEFAULT_CONFIG, Overrides, RouterMode};
 use crate::shed::Thresholds;
 
 #[derive(Debug, Parser)]
-#[command(name = "spillway", version, about = "Load-shedding HTTP edge proxy for LLM inference fleets")]
+#[command(
+    name = "spillway",
+    version,
+    about = "Load-shedding HTTP edge proxy for LLM inference fleets"
+)]
 pub struct Cli {
     #[command(subcommand)]
     pub command: Option<Command>,
@@ -52,7 +56,12 @@ pub struct Knobs {
 }
 
 fn parse_router_mode(s: &str) -> Result<RouterMode, String> {
-    RouterMode::parse(s).ok_or_else(|| format!("unknown router mode `{s}` (expected one of: {})", RouterMode::NAMES))
+    RouterMode::parse(s).ok_or_else(|| {
+        format!(
+            "unknown router mode `{s}` (expected one of: {})",
+            RouterMode::NAMES
+        )
+    })
 }
 
 impl Knobs {
@@ -72,7 +81,10 @@ impl Knobs {
 }
 
 /// Loads `path`, or the embedded default when there is none.
-pub fn load_config(path: Option<&std::path::Path>, overrides: &Overrides) -> Result<Config, ConfigError> {
+pub fn load_config(
+    path: Option<&std::path::Path>,
+    overrides: &Overrides,
+) -> Result<Config, ConfigError> {
     match path {
         Some(p) => Config::load(p, overrides),
         None => Config::parse(DEFAULT_CONFIG, overrides),
@@ -107,7 +119,8 @@ mod tests {
 
     #[test]
     fn overload_env_is_read_through_the_lookup() {
-        let o = Knobs::default().overrides(|k| (k == "DYN_HTTP_OVERLOAD_STATUS_CODE").then(|| "429".to_string()));
+        let o = Knobs::default()
+            .overrides(|k| (k == "DYN_HTTP_OVERLOAD_STATUS_CODE").then(|| "429".to_string()));
         assert_eq!(o.overload_status_env.as_deref(), Some("429"));
     }
 }

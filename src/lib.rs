@@ -5,6 +5,8 @@
 //! router modes) → [`shed`] (busy rule) → [`upstream`] (pools, forwarding, streaming) →
 //! [`monitor`] (load state, busy publication) → [`admin`] → [`metrics`].
 
+#![forbid(unsafe_code)]
+
 pub mod admin;
 pub mod cli;
 pub mod config;

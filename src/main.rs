@@ -15,7 +15,8 @@ fn main() -> anyhow::Result<()> {
     let overrides = cli.knobs.overrides(|k| std::env::var(k).ok());
 
     if let Some(Command::CheckConfig { file }) = &cli.command {
-        let config = load_config(Some(file), &overrides).with_context(|| format!("{} is not valid", file.display()))?;
+        let config = load_config(Some(file), &overrides)
+            .with_context(|| format!("{} is not valid", file.display()))?;
         print!("{}", config.to_toml());
         eprintln!("{}: configuration OK", file.display());
         return Ok(());
@@ -24,14 +25,22 @@ fn main() -> anyhow::Result<()> {
     let config = load_config(cli.config.as_deref(), &overrides).context("invalid configuration")?;
     match &cli.config {
         Some(path) => tracing::info!(config = %path.display(), "configuration loaded"),
-        None => tracing::info!("no --config given: running the embedded default (tuning/spillway.toml)"),
+        None => {
+            tracing::info!("no --config given: running the embedded default (tuning/spillway.toml)")
+        }
     }
-    let source = ConfigSource { path: cli.config.clone(), overrides };
+    let source = ConfigSource {
+        path: cli.config.clone(),
+        overrides,
+    };
     let server = spillway::start(config, source).context("cannot start")?;
     tracing::info!(listen = %server.data_addr, admin = %server.admin_addr, "spillway is serving");
 
-    let mut signals = signal_hook::iterator::Signals::new([signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT])
-        .context("cannot install signal handlers")?;
+    let mut signals = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGTERM,
+        signal_hook::consts::SIGINT,
+    ])
+    .context("cannot install signal handlers")?;
     if let Some(sig) = signals.forever().next() {
         tracing::info!(signal = sig, "stopping");
     }

@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Forwarding: keep-alive on both sides, headers, bodies, framing, pipelining, /v1/models.
 
 mod common;
@@ -30,7 +31,10 @@ fn proxies_a_chat_completion_and_rewrites_headers() {
     assert_eq!(s.header("x-custom"), Some("yes"));
     assert_eq!(s.header("x-forwarded-for"), Some("10.9.8.7, 127.0.0.1"));
     assert_eq!(s.header("x-request-id"), Some("client-id-1"));
-    assert_eq!(s.header("content-length"), Some(body.len().to_string().as_str()));
+    assert_eq!(
+        s.header("content-length"),
+        Some(body.len().to_string().as_str())
+    );
     for hop in ["connection", "x-drop", "keep-alive"] {
         assert!(s.header(hop).is_none(), "{hop} was forwarded");
     }
@@ -42,7 +46,10 @@ fn generates_request_id_when_missing() {
     let p = proxy(1, &model("m", "", &[up.url()]));
     let r1 = once(p.data_addr, &chat("m"));
     let r2 = once(p.data_addr, &chat("m"));
-    let (a, b) = (r1.header("x-request-id").unwrap(), r2.header("x-request-id").unwrap());
+    let (a, b) = (
+        r1.header("x-request-id").unwrap(),
+        r2.header("x-request-id").unwrap(),
+    );
     assert_eq!(a.len(), 32);
     assert_ne!(a, b);
     assert_eq!(up.seen()[0].header("x-request-id"), Some(a));
@@ -67,13 +74,20 @@ fn pipelined_requests_are_answered_in_order() {
     let mut c = Client::connect(p.data_addr);
     let mut raw = Vec::new();
     for i in 0..5 {
-        raw.extend(post("/v1/completions", &format!(r#"{{"model":"m","prompt":"{i}"}}"#)));
+        raw.extend(post(
+            "/v1/completions",
+            &format!(r#"{{"model":"m","prompt":"{i}"}}"#),
+        ));
     }
     c.send(&raw);
     for i in 0..5 {
         let r = c.response();
         assert_eq!(r.status, 200);
-        assert!(r.text().contains(&format!(r#""prompt":"{i}""#)), "{}", r.text());
+        assert!(
+            r.text().contains(&format!(r#""prompt":"{i}""#)),
+            "{}",
+            r.text()
+        );
     }
 }
 
@@ -93,7 +107,10 @@ fn chunked_request_body_is_forwarded_with_content_length() {
     assert_eq!(r.status, 200);
     assert_eq!(r.text(), body);
     let s = &up.seen()[0];
-    assert_eq!(s.header("content-length"), Some(body.len().to_string().as_str()));
+    assert_eq!(
+        s.header("content-length"),
+        Some(body.len().to_string().as_str())
+    );
     assert!(s.header("transfer-encoding").is_none());
     // The connection stays usable after the chunked body.
     assert_eq!(c.request(&chat("m")).status, 200);
@@ -117,7 +134,9 @@ fn expect_continue_gets_100_then_the_response() {
 #[test]
 fn chunked_and_close_delimited_responses() {
     let chunked = upstream(|_| {
-        let mut b = b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n".to_vec();
+        let mut b =
+            b"HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n"
+                .to_vec();
         b.extend(chunk("hello "));
         b.extend(chunk("world"));
         b.extend(b"0\r\n\r\n");
@@ -131,7 +150,14 @@ fn chunked_and_close_delimited_responses() {
             Step::Close,
         ])
     });
-    let p = proxy(1, &format!("{}{}", model("chunked", "", &[chunked.url()]), model("close", "", &[close.url()])));
+    let p = proxy(
+        1,
+        &format!(
+            "{}{}",
+            model("chunked", "", &[chunked.url()]),
+            model("close", "", &[close.url()])
+        ),
+    );
     let mut c = Client::connect(p.data_addr);
     for _ in 0..3 {
         let r = c.request(&chat("chunked"));
@@ -147,11 +173,21 @@ fn chunked_and_close_delimited_responses() {
         assert_eq!(r.header("transfer-encoding"), Some("chunked"));
         assert_eq!(r.text(), "until close");
     }
-    assert_eq!(close.connections(), 2, "a close-delimited connection must not be reused");
+    assert_eq!(
+        close.connections(),
+        2,
+        "a close-delimited connection must not be reused"
+    );
     // HTTP/1.0 client: close-delimited and the connection closes.
     let body = r#"{"model":"close"}"#;
     let mut c10 = Client::connect(p.data_addr);
-    let r = c10.request(format!("POST /v1/completions HTTP/1.0\r\nContent-Length: {}\r\n\r\n{body}", body.len()).as_bytes());
+    let r = c10.request(
+        format!(
+            "POST /v1/completions HTTP/1.0\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .as_bytes(),
+    );
     assert_eq!(r.status, 200);
     assert_eq!(r.text(), "until close");
     assert!(r.header("transfer-encoding").is_none());
@@ -162,7 +198,10 @@ fn http10_keep_alive_is_honoured() {
     let up = echo_upstream("a");
     let p = proxy(1, &model("m", "", &[up.url()]));
     let body = r#"{"model":"m"}"#;
-    let raw = format!("POST /v1/completions HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+    let raw = format!(
+        "POST /v1/completions HTTP/1.0\r\nConnection: keep-alive\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
     let mut c = Client::connect(p.data_addr);
     let r = c.request(raw.as_bytes());
     assert_eq!(r.header("connection"), Some("keep-alive"));
@@ -184,13 +223,25 @@ fn connection_close_from_client_is_honoured() {
 #[test]
 fn models_list_and_unknown_paths() {
     let up = echo_upstream("a");
-    let p = proxy(1, &format!("{}{}", model("m1", "", &[up.url()]), model("m2", "", &[up.url()])));
+    let p = proxy(
+        1,
+        &format!(
+            "{}{}",
+            model("m1", "", &[up.url()]),
+            model("m2", "", &[up.url()])
+        ),
+    );
     let mut c = Client::connect(p.data_addr);
     let r = c.request(&get("/v1/models"));
     assert_eq!(r.status, 200);
     let v = r.json();
     assert_eq!(v["object"], "list");
-    let ids: Vec<_> = v["data"].as_array().unwrap().iter().map(|m| m["id"].as_str().unwrap().to_string()).collect();
+    let ids: Vec<_> = v["data"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_string())
+        .collect();
     assert_eq!(ids, ["m1", "m2"]);
     assert_eq!(v["data"][0]["owned_by"], "spillway");
     assert_eq!(v["data"][0]["object"], "model");
@@ -198,7 +249,13 @@ fn models_list_and_unknown_paths() {
     c.send(b"HEAD /v1/models HTTP/1.1\r\nHost: h\r\n\r\n");
     let r = c.response_to(true);
     assert_eq!(r.status, 200);
-    assert!(r.header("content-length").unwrap().parse::<usize>().unwrap() > 0);
+    assert!(
+        r.header("content-length")
+            .unwrap()
+            .parse::<usize>()
+            .unwrap()
+            > 0
+    );
     // The connection is still in step after the HEAD.
     assert_eq!(c.request(&get("/v1/models")).status, 200);
 }

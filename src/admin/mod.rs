@@ -66,7 +66,13 @@ pub async fn serve(control: Rc<RefCell<Control>>, mut stream: TcpStream) {
         };
         if let Err(e) = parsed {
             let status = e.status();
-            let _ = write(&mut stream, Reply::error(status, e.to_string()), false, true).await;
+            let _ = write(
+                &mut stream,
+                Reply::error(status, e.to_string()),
+                false,
+                true,
+            )
+            .await;
             return;
         }
         // Body (Content-Length only on the admin side; chunked is refused).
@@ -74,7 +80,13 @@ pub async fn serve(control: Rc<RefCell<Control>>, mut stream: TcpStream) {
             BodyFraming::None => 0,
             BodyFraming::Length(n) => n as usize,
             _ => {
-                let _ = write(&mut stream, Reply::error(411, "Content-Length required"), false, true).await;
+                let _ = write(
+                    &mut stream,
+                    Reply::error(411, "Content-Length required"),
+                    false,
+                    true,
+                )
+                .await;
                 return;
             }
         };
@@ -103,10 +115,18 @@ async fn route(control: &Rc<RefCell<Control>>, head: &RequestHead, raw: &[u8]) -
     let path = head.path(raw);
     let draining = control.borrow().shared.draining.load(Ordering::Relaxed);
     match (head.method, path) {
-        (Method::Get | Method::Head, b"/health") if draining => Reply::json(503, &serde_json::json!({"status": "draining"})),
-        (Method::Get | Method::Head, b"/health") => Reply::json(200, &serde_json::json!({"status": "healthy"})),
-        (Method::Get | Method::Head, b"/live") if draining => Reply::json(503, &serde_json::json!({"status": "draining"})),
-        (Method::Get | Method::Head, b"/live") => Reply::json(200, &serde_json::json!({"status": "live"})),
+        (Method::Get | Method::Head, b"/health") if draining => {
+            Reply::json(503, &serde_json::json!({"status": "draining"}))
+        }
+        (Method::Get | Method::Head, b"/health") => {
+            Reply::json(200, &serde_json::json!({"status": "healthy"}))
+        }
+        (Method::Get | Method::Head, b"/live") if draining => {
+            Reply::json(503, &serde_json::json!({"status": "draining"}))
+        }
+        (Method::Get | Method::Head, b"/live") => {
+            Reply::json(200, &serde_json::json!({"status": "live"}))
+        }
         (_, b"/health" | b"/live") => Reply::error(405, "Method not allowed"),
         _ => Reply::error(404, "Not found"),
     }
@@ -114,7 +134,11 @@ async fn route(control: &Rc<RefCell<Control>>, head: &RequestHead, raw: &[u8]) -
 
 async fn write(stream: &mut TcpStream, reply: Reply, keep_alive: bool, with_body: bool) -> bool {
     let mut out = Vec::with_capacity(256 + reply.body.len());
-    status_line(&mut out, reply.status, canonical_reason(reply.status).as_bytes());
+    status_line(
+        &mut out,
+        reply.status,
+        canonical_reason(reply.status).as_bytes(),
+    );
     out.extend_from_slice(b"content-type: ");
     out.extend_from_slice(reply.content_type.as_bytes());
     out.extend_from_slice(b"\r\ncontent-length: ");

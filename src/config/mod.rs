@@ -162,8 +162,8 @@ impl Config {
     }
 
     pub fn parse(text: &str, overrides: &Overrides) -> Result<Config, ConfigError> {
-        let file: FileConfig =
-            toml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string().trim_end().to_string()))?;
+        let file: FileConfig = toml::from_str(text)
+            .map_err(|e| ConfigError::Parse(e.to_string().trim_end().to_string()))?;
         Validator { text }.config(file, overrides)
     }
 
@@ -198,7 +198,12 @@ impl Validator<'_> {
             + 1
     }
 
-    fn err<T>(&self, key: impl Into<String>, span: Option<Range<usize>>, msg: impl Into<String>) -> Result<T, ConfigError> {
+    fn err<T>(
+        &self,
+        key: impl Into<String>,
+        span: Option<Range<usize>>,
+        msg: impl Into<String>,
+    ) -> Result<T, ConfigError> {
         Err(ConfigError::Invalid {
             key: key.into(),
             line: span.map(|s| self.line(s)),
@@ -206,15 +211,27 @@ impl Validator<'_> {
         })
     }
 
-    fn positive<T: Copy + PartialOrd + Default>(&self, key: &str, v: &Option<Spanned<T>>, default: T) -> Result<T, ConfigError> {
+    fn positive<T: Copy + PartialOrd + Default>(
+        &self,
+        key: &str,
+        v: &Option<Spanned<T>>,
+        default: T,
+    ) -> Result<T, ConfigError> {
         match v {
-            Some(s) if *s.get_ref() <= T::default() => self.err(key, Some(s.span()), "must be greater than 0"),
+            Some(s) if *s.get_ref() <= T::default() => {
+                self.err(key, Some(s.span()), "must be greater than 0")
+            }
             Some(s) => Ok(*s.get_ref()),
             None => Ok(default),
         }
     }
 
-    fn addr(&self, key: &str, v: &Option<Spanned<String>>, default: &str) -> Result<SocketAddr, ConfigError> {
+    fn addr(
+        &self,
+        key: &str,
+        v: &Option<Spanned<String>>,
+        default: &str,
+    ) -> Result<SocketAddr, ConfigError> {
         let (text, span) = match v {
             Some(s) => (s.get_ref().as_str(), Some(s.span())),
             None => (default, None),
@@ -222,7 +239,11 @@ impl Validator<'_> {
         match text.to_socket_addrs().map(|mut a| a.next()) {
             Ok(Some(a)) => Ok(a),
             Ok(None) => self.err(key, span, format!("`{text}` resolves to no address")),
-            Err(e) => self.err(key, span, format!("`{text}` is not a host:port address: {e}")),
+            Err(e) => self.err(
+                key,
+                span,
+                format!("`{text}` is not a host:port address: {e}"),
+            ),
         }
     }
 
@@ -230,30 +251,62 @@ impl Validator<'_> {
         let l = &f.limits;
         let d = Limits::default();
         let limits = Limits {
-            max_header_bytes: self.positive("limits.max_header_bytes", &l.max_header_bytes, d.max_header_bytes)?,
-            max_body_bytes: self.positive("limits.max_body_bytes", &l.max_body_bytes, d.max_body_bytes)?,
-            header_read_timeout_ms: self.positive("limits.header_read_timeout_ms", &l.header_read_timeout_ms, d.header_read_timeout_ms)?,
-            idle_timeout_ms: self.positive("limits.idle_timeout_ms", &l.idle_timeout_ms, d.idle_timeout_ms)?,
-            connect_timeout_ms: self.positive("limits.connect_timeout_ms", &l.connect_timeout_ms, d.connect_timeout_ms)?,
+            max_header_bytes: self.positive(
+                "limits.max_header_bytes",
+                &l.max_header_bytes,
+                d.max_header_bytes,
+            )?,
+            max_body_bytes: self.positive(
+                "limits.max_body_bytes",
+                &l.max_body_bytes,
+                d.max_body_bytes,
+            )?,
+            header_read_timeout_ms: self.positive(
+                "limits.header_read_timeout_ms",
+                &l.header_read_timeout_ms,
+                d.header_read_timeout_ms,
+            )?,
+            idle_timeout_ms: self.positive(
+                "limits.idle_timeout_ms",
+                &l.idle_timeout_ms,
+                d.idle_timeout_ms,
+            )?,
+            connect_timeout_ms: self.positive(
+                "limits.connect_timeout_ms",
+                &l.connect_timeout_ms,
+                d.connect_timeout_ms,
+            )?,
             upstream_first_byte_timeout_ms: self.positive(
                 "limits.upstream_first_byte_timeout_ms",
                 &l.upstream_first_byte_timeout_ms,
                 d.upstream_first_byte_timeout_ms,
             )?,
-            max_connections: self.positive("limits.max_connections", &l.max_connections, d.max_connections)?,
+            max_connections: self.positive(
+                "limits.max_connections",
+                &l.max_connections,
+                d.max_connections,
+            )?,
             pool_idle_timeout_ms: l.pool_idle_timeout_ms.unwrap_or(d.pool_idle_timeout_ms),
-            pool_max_idle_per_worker: l.pool_max_idle_per_worker.unwrap_or(d.pool_max_idle_per_worker),
-            worker_down_backoff_ms: self.positive("limits.worker_down_backoff_ms", &l.worker_down_backoff_ms, d.worker_down_backoff_ms)?,
+            pool_max_idle_per_worker: l
+                .pool_max_idle_per_worker
+                .unwrap_or(d.pool_max_idle_per_worker),
+            worker_down_backoff_ms: self.positive(
+                "limits.worker_down_backoff_ms",
+                &l.worker_down_backoff_ms,
+                d.worker_down_backoff_ms,
+            )?,
             worker_down_backoff_max_ms: self.positive(
                 "limits.worker_down_backoff_max_ms",
                 &l.worker_down_backoff_max_ms,
                 d.worker_down_backoff_max_ms,
             )?,
         };
-        if let Some(s) = &l.max_header_bytes {
-            if *s.get_ref() < 1024 {
-                return self.err("limits.max_header_bytes", Some(s.span()), "must be at least 1024");
-            }
+        if let Some(s) = l.max_header_bytes.as_ref().filter(|s| *s.get_ref() < 1024) {
+            return self.err(
+                "limits.max_header_bytes",
+                Some(s.span()),
+                "must be at least 1024",
+            );
         }
 
         let overload_status_code = match (&o.overload_status_env, &f.overload_status_code) {
@@ -275,7 +328,11 @@ impl Validator<'_> {
         };
         let cpus = f.cpus.clone().unwrap_or_default();
         if !cpus.is_empty() && cpus.len() != cores {
-            return self.err("cpus", None, format!("lists {} CPUs for {cores} cores", cpus.len()));
+            return self.err(
+                "cpus",
+                None,
+                format!("lists {} CPUs for {cores} cores", cpus.len()),
+            );
         }
 
         let mut workers: Vec<WorkerConfig> = Vec::new();
@@ -283,7 +340,11 @@ impl Validator<'_> {
         for (mi, m) in f.models.iter().enumerate() {
             let model = self.model(mi, m, o, &mut workers)?;
             if models.iter().any(|x| x.name == model.name) {
-                return self.err(format!("models[{mi}].name"), Some(m.name.span()), format!("model `{}` is defined twice", model.name));
+                return self.err(
+                    format!("models[{mi}].name"),
+                    Some(m.name.span()),
+                    format!("model `{}` is defined twice", model.name),
+                );
             }
             models.push(model);
         }
@@ -297,16 +358,34 @@ impl Validator<'_> {
             pin_cores: f.pin_cores.unwrap_or(true),
             overload_status_code,
             retry_after_secs: f.retry_after_secs.unwrap_or(DEFAULT_RETRY_AFTER_SECS),
-            load_staleness_ms: self.positive("load_staleness_ms", &f.load_staleness_ms, DEFAULT_LOAD_STALENESS_MS)?,
-            scrape_interval_ms: self.positive("scrape_interval_ms", &f.scrape_interval_ms, DEFAULT_SCRAPE_INTERVAL_MS)?,
-            monitor_interval_ms: self.positive("monitor_interval_ms", &f.monitor_interval_ms, DEFAULT_MONITOR_INTERVAL_MS)?,
+            load_staleness_ms: self.positive(
+                "load_staleness_ms",
+                &f.load_staleness_ms,
+                DEFAULT_LOAD_STALENESS_MS,
+            )?,
+            scrape_interval_ms: self.positive(
+                "scrape_interval_ms",
+                &f.scrape_interval_ms,
+                DEFAULT_SCRAPE_INTERVAL_MS,
+            )?,
+            monitor_interval_ms: self.positive(
+                "monitor_interval_ms",
+                &f.monitor_interval_ms,
+                DEFAULT_MONITOR_INTERVAL_MS,
+            )?,
             limits,
             models,
             workers,
         })
     }
 
-    fn model(&self, mi: usize, m: &FileModel, o: &Overrides, workers: &mut Vec<WorkerConfig>) -> Result<ModelConfig, ConfigError> {
+    fn model(
+        &self,
+        mi: usize,
+        m: &FileModel,
+        o: &Overrides,
+        workers: &mut Vec<WorkerConfig>,
+    ) -> Result<ModelConfig, ConfigError> {
         let key = |k: &str| format!("models[{mi}].{k}");
         let name = m.name.get_ref().trim().to_string();
         if name.is_empty() {
@@ -319,16 +398,26 @@ impl Validator<'_> {
                     return self.err(
                         key("router_mode"),
                         Some(s.span()),
-                        format!("unknown router mode `{}` (expected one of: {})", s.get_ref(), RouterMode::NAMES),
+                        format!(
+                            "unknown router mode `{}` (expected one of: {})",
+                            s.get_ref(),
+                            RouterMode::NAMES
+                        ),
                     );
                 }
             },
             None => o.router_mode.unwrap_or(RouterMode::RoundRobin),
         };
         let file_thresholds = Thresholds {
-            active_decode_blocks_threshold: m.active_decode_blocks_threshold.as_ref().map(|s| *s.get_ref()),
+            active_decode_blocks_threshold: m
+                .active_decode_blocks_threshold
+                .as_ref()
+                .map(|s| *s.get_ref()),
             active_prefill_tokens_threshold: m.active_prefill_tokens_threshold,
-            active_prefill_tokens_threshold_frac: m.active_prefill_tokens_threshold_frac.as_ref().map(|s| *s.get_ref()),
+            active_prefill_tokens_threshold_frac: m
+                .active_prefill_tokens_threshold_frac
+                .as_ref()
+                .map(|s| *s.get_ref()),
         };
         if let Err(msg) = file_thresholds.validate() {
             let span = m
@@ -344,7 +433,11 @@ impl Validator<'_> {
             return self.err("command-line/environment thresholds", None, msg);
         }
         if m.workers.is_empty() {
-            return self.err(key("workers"), Some(m.name.span()), format!("model `{name}` has no workers"));
+            return self.err(
+                key("workers"),
+                Some(m.name.span()),
+                format!("model `{name}` has no workers"),
+            );
         }
         let mut members = Vec::with_capacity(m.workers.len());
         for (wi, w) in m.workers.iter().enumerate() {
@@ -355,7 +448,10 @@ impl Validator<'_> {
                     return self.err(
                         wkey("name"),
                         Some(w.url.span()),
-                        format!("worker name `{}` is already used by a different worker definition", worker.name),
+                        format!(
+                            "worker name `{}` is already used by a different worker definition",
+                            worker.name
+                        ),
                     );
                 }
                 Some(i) => i,
@@ -365,7 +461,14 @@ impl Validator<'_> {
                 }
             };
             if members.contains(&idx) {
-                return self.err(wkey("url"), Some(w.url.span()), format!("worker `{}` is listed twice for model `{name}`", workers[idx].name));
+                return self.err(
+                    wkey("url"),
+                    Some(w.url.span()),
+                    format!(
+                        "worker `{}` is listed twice for model `{name}`",
+                        workers[idx].name
+                    ),
+                );
             }
             members.push(idx);
         }
@@ -373,24 +476,40 @@ impl Validator<'_> {
             name,
             router_mode,
             thresholds,
-            track_output_blocks: m.track_output_blocks.or(o.track_output_blocks).unwrap_or(false),
+            track_output_blocks: m
+                .track_output_blocks
+                .or(o.track_output_blocks)
+                .unwrap_or(false),
             workers: members,
         })
     }
 
-    fn worker(&self, w: &FileWorker, key: &dyn Fn(&str) -> String) -> Result<WorkerConfig, ConfigError> {
+    fn worker(
+        &self,
+        w: &FileWorker,
+        key: &dyn Fn(&str) -> String,
+    ) -> Result<WorkerConfig, ConfigError> {
         let (host, port) = match parse_http_url(w.url.get_ref()) {
             Ok(hp) => hp,
             Err(msg) => return self.err(key("url"), Some(w.url.span()), msg),
         };
-        let addr = match (host.as_str(), port).to_socket_addrs().map(|mut a| a.next()) {
+        let addr = match (host.as_str(), port)
+            .to_socket_addrs()
+            .map(|mut a| a.next())
+        {
             Ok(Some(a)) => a,
             Ok(None) | Err(_) => {
-                return self.err(key("url"), Some(w.url.span()), format!("cannot resolve `{host}`"));
+                return self.err(
+                    key("url"),
+                    Some(w.url.span()),
+                    format!("cannot resolve `{host}`"),
+                );
             }
         };
         let name = match &w.name {
-            Some(n) if n.get_ref().trim().is_empty() => return self.err(key("name"), Some(n.span()), "must not be empty"),
+            Some(n) if n.get_ref().trim().is_empty() => {
+                return self.err(key("name"), Some(n.span()), "must not be empty");
+            }
             Some(n) => n.get_ref().trim().to_string(),
             None => format!("{host}:{port}"),
         };
@@ -410,17 +529,31 @@ impl Validator<'_> {
                     "scrape" => load_sources.scrape = true,
                     "tracked" => load_sources.tracked = true,
                     other => {
-                        return self.err(key("load_sources"), Some(list.span()), format!("unknown load source `{other}` (expected push, scrape, tracked)"));
+                        return self.err(
+                            key("load_sources"),
+                            Some(list.span()),
+                            format!(
+                                "unknown load source `{other}` (expected push, scrape, tracked)"
+                            ),
+                        );
                     }
                 }
             }
         }
-        let metrics_format = match w.metrics_format.as_ref().map(|s| (s.get_ref().as_str(), s.span())) {
+        let metrics_format = match w
+            .metrics_format
+            .as_ref()
+            .map(|s| (s.get_ref().as_str(), s.span()))
+        {
             None | Some(("vllm", _)) => MetricsFormat::Vllm,
             Some(("sglang", _)) => MetricsFormat::Sglang,
             Some(("llamacpp", _)) => MetricsFormat::Llamacpp,
             Some((other, span)) => {
-                return self.err(key("metrics_format"), Some(span), format!("unknown metrics format `{other}` (expected vllm, sglang, llamacpp)"));
+                return self.err(
+                    key("metrics_format"),
+                    Some(span),
+                    format!("unknown metrics format `{other}` (expected vllm, sglang, llamacpp)"),
+                );
             }
         };
         let (metrics_addr, metrics_host, metrics_path) = match &w.metrics_url {
@@ -438,10 +571,22 @@ impl Validator<'_> {
                     Err(msg) => return self.err(key("metrics_url"), Some(u.span()), msg),
                 };
                 let Ok(Some(ma)) = (mh.as_str(), mp).to_socket_addrs().map(|mut a| a.next()) else {
-                    return self.err(key("metrics_url"), Some(u.span()), format!("cannot resolve `{mh}`"));
+                    return self.err(
+                        key("metrics_url"),
+                        Some(u.span()),
+                        format!("cannot resolve `{mh}`"),
+                    );
                 };
                 let path = uri.path_and_query().map_or("/metrics", |p| p.as_str());
-                (ma, format!("{mh}:{mp}"), if path == "/" { "/metrics".into() } else { path.into() })
+                (
+                    ma,
+                    format!("{mh}:{mp}"),
+                    if path == "/" {
+                        "/metrics".into()
+                    } else {
+                        path.into()
+                    },
+                )
             }
         };
         let dp_size = match &w.dp_size {
@@ -471,20 +616,31 @@ impl Validator<'_> {
 
 /// `http://host:port[/]` → (host, port). HTTPS and base paths are refused with a reason.
 fn parse_http_url(url: &str) -> Result<(String, u16), String> {
-    let uri: http::Uri = url.parse().map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("`{url}` is not a URL: {e}"))?;
     match uri.scheme_str() {
         Some("http") => {}
-        Some("https") => return Err(format!("`{url}`: https upstreams are not supported (use http)")),
+        Some("https") => {
+            return Err(format!(
+                "`{url}`: https upstreams are not supported (use http)"
+            ));
+        }
         _ => return Err(format!("`{url}` must start with http://")),
     }
     if uri.path() != "/" && !uri.path().is_empty() {
-        return Err(format!("`{url}`: a base path is not supported; requests keep their own path"));
+        return Err(format!(
+            "`{url}`: a base path is not supported; requests keep their own path"
+        ));
     }
     if uri.query().is_some() {
         return Err(format!("`{url}`: a query string is not supported"));
     }
     let host = uri.host().ok_or_else(|| format!("`{url}` has no host"))?;
-    let host = host.trim_start_matches('[').trim_end_matches(']').to_string();
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
     Ok((host, uri.port_u16().unwrap_or(80)))
 }
 
@@ -496,7 +652,8 @@ mod tests {
         Config::parse(text, &Overrides::default())
     }
 
-    const MIN: &str = "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:8001\"\n";
+    const MIN: &str =
+        "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:8001\"\n";
 
     #[test]
     fn embedded_default_is_valid() {
@@ -521,21 +678,43 @@ mod tests {
         let cases: &[(&str, &str)] = &[
             ("bogus = 1\n", "unknown field `bogus`"),
             ("[limits]\nmax_body_bytes = \"x\"\n", "line 2"),
-            ("[limits]\nmax_body_bytes = 0\n", "limits.max_body_bytes (line 2): must be greater than 0"),
+            (
+                "[limits]\nmax_body_bytes = 0\n",
+                "limits.max_body_bytes (line 2): must be greater than 0",
+            ),
             ("listen = \"nope\"\n", "listen (line 1)"),
-            ("[[models]]\nname = \"m\"\nrouter_mode = \"kv\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
-             "models[0].router_mode (line 3): unknown router mode `kv`"),
-            ("[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"https://127.0.0.1:1\"\n",
-             "models[0].workers[0].url (line 4): `https://127.0.0.1:1`: https upstreams are not supported"),
-            ("[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1/base\"\n", "a base path is not supported"),
-            ("[[models]]\nname = \"m\"\n", "models[0].workers (line 2): model `m` has no workers"),
-            ("[[models]]\nname = \"m\"\nactive_decode_blocks_threshold = 1.5\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
-             "(line 3): active_decode_blocks_threshold must be between 0.0 and 1.0, got 1.5"),
-            ("overload_status_code = 150\n", "overload_status_code (line 1): must be between 200 and 999, got 150"),
-            ("[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
-             "listed twice"),
-            ("[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\nname = \"w\"\n[[models]]\nname = \"n\"\n[[models.workers]]\nurl = \"http://127.0.0.1:2\"\nname = \"w\"\n",
-             "worker name `w` is already used"),
+            (
+                "[[models]]\nname = \"m\"\nrouter_mode = \"kv\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
+                "models[0].router_mode (line 3): unknown router mode `kv`",
+            ),
+            (
+                "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"https://127.0.0.1:1\"\n",
+                "models[0].workers[0].url (line 4): `https://127.0.0.1:1`: https upstreams are not supported",
+            ),
+            (
+                "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1/base\"\n",
+                "a base path is not supported",
+            ),
+            (
+                "[[models]]\nname = \"m\"\n",
+                "models[0].workers (line 2): model `m` has no workers",
+            ),
+            (
+                "[[models]]\nname = \"m\"\nactive_decode_blocks_threshold = 1.5\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
+                "(line 3): active_decode_blocks_threshold must be between 0.0 and 1.0, got 1.5",
+            ),
+            (
+                "overload_status_code = 150\n",
+                "overload_status_code (line 1): must be between 200 and 999, got 150",
+            ),
+            (
+                "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
+                "listed twice",
+            ),
+            (
+                "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\nname = \"w\"\n[[models]]\nname = \"n\"\n[[models.workers]]\nurl = \"http://127.0.0.1:2\"\nname = \"w\"\n",
+                "worker name `w` is already used",
+            ),
         ];
         for (text, want) in cases {
             let err = parse(text).unwrap_err().to_string();
@@ -552,11 +731,25 @@ mod tests {
 
     #[test]
     fn overload_status_env_rules() {
-        for (v, want) in [("503", 503), (" 429 ", 429), ("200", 200), ("999", 999), ("", 529), ("abc", 529),
-                          ("100", 529), ("199", 529), ("99", 529), ("1000", 529), ("-1", 529)] {
+        for (v, want) in [
+            ("503", 503),
+            (" 429 ", 429),
+            ("200", 200),
+            ("999", 999),
+            ("", 529),
+            ("abc", 529),
+            ("100", 529),
+            ("199", 529),
+            ("99", 529),
+            ("1000", 529),
+            ("-1", 529),
+        ] {
             assert_eq!(parse_overload_status_env(v), want, "{v:?}");
         }
-        let o = Overrides { overload_status_env: Some("503".into()), ..Overrides::default() };
+        let o = Overrides {
+            overload_status_env: Some("503".into()),
+            ..Overrides::default()
+        };
         let c = Config::parse(&format!("overload_status_code = 429\n{MIN}"), &o).unwrap();
         assert_eq!(c.overload_status_code, 503);
         let c = parse(&format!("overload_status_code = 429\n{MIN}")).unwrap();
@@ -566,7 +759,11 @@ mod tests {
     #[test]
     fn overrides_fill_in_where_file_is_silent() {
         let o = Overrides {
-            thresholds: Thresholds { active_decode_blocks_threshold: Some(0.5), active_prefill_tokens_threshold: Some(10), ..Thresholds::default() },
+            thresholds: Thresholds {
+                active_decode_blocks_threshold: Some(0.5),
+                active_prefill_tokens_threshold: Some(10),
+                ..Thresholds::default()
+            },
             router_mode: Some(RouterMode::Random),
             track_output_blocks: Some(true),
             overload_status_env: None,

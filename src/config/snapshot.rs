@@ -87,7 +87,9 @@ impl WorkerState {
             name: name.into(),
             down_until_ms: AtomicU64::new(0),
             failures: AtomicU32::new(0),
-            tracked: (0..cores).map(|_| CachePadded::new(TrackedLoad::default())).collect(),
+            tracked: (0..cores)
+                .map(|_| CachePadded::new(TrackedLoad::default()))
+                .collect(),
         }
     }
 
@@ -98,9 +100,15 @@ impl WorkerState {
 
     /// Records a failed connect: down for `base << (failures-1)` ms, capped at `max`.
     pub fn mark_down(&self, now_ms: u64, base_ms: u64, max_ms: u64) -> u64 {
-        let failures = self.failures.fetch_add(1, Ordering::Relaxed).saturating_add(1);
-        let backoff = base_ms.saturating_mul(1u64 << (failures - 1).min(20)).min(max_ms);
-        self.down_until_ms.store(now_ms + backoff, Ordering::Relaxed);
+        let failures = self
+            .failures
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1);
+        let backoff = base_ms
+            .saturating_mul(1u64 << (failures - 1).min(20))
+            .min(max_ms);
+        self.down_until_ms
+            .store(now_ms + backoff, Ordering::Relaxed);
         backoff
     }
 
@@ -119,7 +127,10 @@ impl WorkerState {
 
     /// Sum over cores of requests in flight.
     pub fn inflight_total(&self) -> u64 {
-        self.tracked.iter().map(|t| t.inflight.load(Ordering::Relaxed)).sum()
+        self.tracked
+            .iter()
+            .map(|t| t.inflight.load(Ordering::Relaxed))
+            .sum()
     }
 }
 
@@ -148,8 +159,18 @@ impl Responses {
         let models = serde_json::json!({"object": "list", "data": data}).to_string();
         Responses {
             models: Canned::json(200, models.into_bytes(), &[]),
-            overloaded: Canned::error_typed(code, "Service temporarily overloaded", "Overloaded", &retry),
-            direct_busy: Canned::error_typed(code, "Selected worker is overloaded, please retry later", "Overloaded", &retry),
+            overloaded: Canned::error_typed(
+                code,
+                "Service temporarily overloaded",
+                "Overloaded",
+                &retry,
+            ),
+            direct_busy: Canned::error_typed(
+                code,
+                "Selected worker is overloaded, please retry later",
+                "Overloaded",
+                &retry,
+            ),
             unavailable: Canned::error(503, "Service temporarily unavailable", &retry),
             model_not_found: Canned::error(404, "Model not found", &[]),
             not_found: Canned::error(404, "Not found", &[]),
@@ -218,7 +239,10 @@ impl Registry {
                         s
                     }
                 };
-                Worker { cfg: w.clone(), state }
+                Worker {
+                    cfg: w.clone(),
+                    state,
+                }
             })
             .collect();
         let models: Box<[Model]> = config
@@ -266,7 +290,10 @@ impl Registry {
                 let next = self.member_ids.len() as u32;
                 let key = (m.name.clone(), format!("{}\u{0}{}", w.name, w.url));
                 let id = *self.member_ids.entry(key).or_insert(next);
-                Member { worker: wi as u32, id }
+                Member {
+                    worker: wi as u32,
+                    id,
+                }
             })
             .collect();
         Model {

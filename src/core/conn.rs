@@ -72,7 +72,11 @@ pub async fn serve(ctx: Rc<CoreCtx>, stream: TcpStream, peer: SocketAddr) {
         rid_len: 0,
         scratch: Vec::new(),
     };
-    let reader = std::pin::pin!(ClientReader::new(read_half, Vec::with_capacity(INITIAL_READ_BUF), read_more));
+    let reader = std::pin::pin!(ClientReader::new(
+        read_half,
+        Vec::with_capacity(INITIAL_READ_BUF),
+        read_more
+    ));
     conn.run(reader).await;
 }
 
@@ -105,7 +109,11 @@ enum BodyError {
 /// A response Spillway writes itself.
 enum Local<'a> {
     Canned(&'a Canned),
-    Error { status: u16, message: &'a str, allow: Option<&'static str> },
+    Error {
+        status: u16,
+        message: &'a str,
+        allow: Option<&'static str>,
+    },
 }
 
 impl Conn {
@@ -118,13 +126,25 @@ impl Conn {
                     add(&self.ctx.counters().bad_requests, 1);
                     self.new_request_id(None);
                     let msg = e.to_string();
-                    let _ = self.respond(Local::Error { status: e.status(), message: &msg, allow: None }, false, true).await;
+                    let _ = self
+                        .respond(
+                            Local::Error {
+                                status: e.status(),
+                                message: &msg,
+                                allow: None,
+                            },
+                            false,
+                            true,
+                        )
+                        .await;
                     return;
                 }
             }
             let rid = self.head.request_id.map(|s| s.get(reader.buf()));
             self.new_request_id(rid);
-            if !self.dispatch(reader.as_mut()).await || self.ctx.shared.draining.load(Ordering::Relaxed) {
+            if !self.dispatch(reader.as_mut()).await
+                || self.ctx.shared.draining.load(Ordering::Relaxed)
+            {
                 return;
             }
         }
@@ -145,14 +165,22 @@ impl Conn {
         }
     }
 
-    async fn read_head<F: Future<Output = ReadDone>>(&mut self, mut reader: Pin<&mut ClientReader<F>>) -> HeadRead {
+    async fn read_head<F: Future<Output = ReadDone>>(
+        &mut self,
+        mut reader: Pin<&mut ClientReader<F>>,
+    ) -> HeadRead {
         let limits = &self.snap.config.limits;
         let mut started: Option<Instant> = None;
         loop {
             let buffered = reader.buf().len();
             if buffered > 0 && !reader.is_reading() {
                 started.get_or_insert_with(Instant::now);
-                match parse_request(reader.buf(), limits.max_header_bytes, limits.max_body_bytes as u64, &mut self.head) {
+                match parse_request(
+                    reader.buf(),
+                    limits.max_header_bytes,
+                    limits.max_body_bytes as u64,
+                    &mut self.head,
+                ) {
                     Ok(true) => return HeadRead::Ready,
                     Ok(false) => {}
                     Err(e) => return HeadRead::Bad(e),
@@ -160,7 +188,9 @@ impl Conn {
             }
             let wait = match started {
                 None => Duration::from_millis(limits.idle_timeout_ms),
-                Some(t) => Duration::from_millis(limits.header_read_timeout_ms).saturating_sub(t.elapsed()),
+                Some(t) => {
+                    Duration::from_millis(limits.header_read_timeout_ms).saturating_sub(t.elapsed())
+                }
             };
             match monoio::time::timeout(wait, reader.as_mut().fill()).await {
                 Ok(Ok(0)) | Ok(Err(_)) => return HeadRead::Closed,
@@ -188,7 +218,9 @@ impl Conn {
                 Some(total)
             }
             BodyFraming::Chunked => None,
-            BodyFraming::None | BodyFraming::UntilClose => return Ok((head_len..head_len, head_len)),
+            BodyFraming::None | BodyFraming::UntilClose => {
+                return Ok((head_len..head_len, head_len));
+            }
         };
         loop {
             match total {
@@ -213,16 +245,30 @@ impl Conn {
         }
     }
 
-    async fn dispatch<F: Future<Output = ReadDone>>(&mut self, reader: Pin<&mut ClientReader<F>>) -> bool {
+    async fn dispatch<F: Future<Output = ReadDone>>(
+        &mut self,
+        reader: Pin<&mut ClientReader<F>>,
+    ) -> bool {
         let path = self.head.path(reader.buf());
         let method = self.head.method;
         if path == b"/v1/models" {
             return match method {
                 Method::Get | Method::Head => {
                     let snap = self.snap.clone();
-                    self.local(reader, Local::Canned(&snap.responses.models)).await
+                    self.local(reader, Local::Canned(&snap.responses.models))
+                        .await
                 }
-                _ => self.local(reader, Local::Error { status: 405, message: "Method not allowed", allow: Some("GET, HEAD") }).await,
+                _ => {
+                    self.local(
+                        reader,
+                        Local::Error {
+                            status: 405,
+                            message: "Method not allowed",
+                            allow: Some("GET, HEAD"),
+                        },
+                    )
+                    .await
+                }
             };
         }
         if path.starts_with(b"/v1/") {
@@ -231,15 +277,30 @@ impl Conn {
                     let endpoint = Endpoint::from_path(path);
                     self.proxy(reader, endpoint).await
                 }
-                _ => self.local(reader, Local::Error { status: 405, message: "Method not allowed", allow: Some("POST") }).await,
+                _ => {
+                    self.local(
+                        reader,
+                        Local::Error {
+                            status: 405,
+                            message: "Method not allowed",
+                            allow: Some("POST"),
+                        },
+                    )
+                    .await
+                }
             };
         }
         let snap = self.snap.clone();
-        self.local(reader, Local::Canned(&snap.responses.not_found)).await
+        self.local(reader, Local::Canned(&snap.responses.not_found))
+            .await
     }
 
     /// Answers locally after reading and discarding the request body.
-    async fn local<F: Future<Output = ReadDone>>(&mut self, mut reader: Pin<&mut ClientReader<F>>, resp: Local<'_>) -> bool {
+    async fn local<F: Future<Output = ReadDone>>(
+        &mut self,
+        mut reader: Pin<&mut ClientReader<F>>,
+        resp: Local<'_>,
+    ) -> bool {
         let with_body = self.head.method != Method::Head;
         if self.head.body != BodyFraming::None && self.head.expect_continue {
             // Do not invite a body we would discard: answer and close.
@@ -255,7 +316,17 @@ impl Conn {
             Err(BodyError::Closed) => false,
             Err(BodyError::Bad(e)) => {
                 let msg = e.to_string();
-                let _ = self.respond(Local::Error { status: e.status(), message: &msg, allow: None }, false, true).await;
+                let _ = self
+                    .respond(
+                        Local::Error {
+                            status: e.status(),
+                            message: &msg,
+                            allow: None,
+                        },
+                        false,
+                        true,
+                    )
+                    .await;
                 false
             }
         }
@@ -266,8 +337,20 @@ impl Conn {
         let rid = &self.rid[..self.rid_len];
         match resp {
             Local::Canned(c) => c.write(&mut self.out, rid, keep_alive, with_body),
-            Local::Error { status, message, allow } => {
-                write_error(&mut self.out, status, message, allow, rid, keep_alive, with_body);
+            Local::Error {
+                status,
+                message,
+                allow,
+            } => {
+                write_error(
+                    &mut self.out,
+                    status,
+                    message,
+                    allow,
+                    rid,
+                    keep_alive,
+                    with_body,
+                );
             }
         }
         let (res, out) = self.writer.write_all(std::mem::take(&mut self.out)).await;
@@ -275,10 +358,17 @@ impl Conn {
         res.is_ok()
     }
 
-    async fn proxy<F: Future<Output = ReadDone>>(&mut self, mut reader: Pin<&mut ClientReader<F>>, endpoint: Endpoint) -> bool {
+    async fn proxy<F: Future<Output = ReadDone>>(
+        &mut self,
+        mut reader: Pin<&mut ClientReader<F>>,
+        endpoint: Endpoint,
+    ) -> bool {
         let started = Instant::now();
         if self.head.expect_continue && reader.buf().len() <= self.head.head_len {
-            let (res, _) = self.writer.write_all(&b"HTTP/1.1 100 Continue\r\n\r\n"[..]).await;
+            let (res, _) = self
+                .writer
+                .write_all(&b"HTTP/1.1 100 Continue\r\n\r\n"[..])
+                .await;
             if res.is_err() {
                 return false;
             }
@@ -289,12 +379,34 @@ impl Conn {
             Err(BodyError::Bad(e)) => {
                 add(&self.ctx.counters().bad_requests, 1);
                 let msg = e.to_string();
-                let _ = self.respond(Local::Error { status: e.status(), message: &msg, allow: None }, false, true).await;
+                let _ = self
+                    .respond(
+                        Local::Error {
+                            status: e.status(),
+                            message: &msg,
+                            allow: None,
+                        },
+                        false,
+                        true,
+                    )
+                    .await;
                 return false;
             }
         };
 
-        let Conn { ctx, snap, writer, out, rbuf, head, ip, ip_len, rid, rid_len, scratch } = self;
+        let Conn {
+            ctx,
+            snap,
+            writer,
+            out,
+            rbuf,
+            head,
+            ip,
+            ip_len,
+            rid,
+            rid_len,
+            scratch,
+        } = self;
         let rid = &rid[..*rid_len];
         let keep = head.keep_alive;
         let buf = reader.buf();
@@ -307,9 +419,13 @@ impl Conn {
                     },
                     Err(e) => Err(Ok(e.to_string())),
                 },
-                None => Err(Ok("Missing required field `model` in the request body".to_string())),
+                None => Err(Ok(
+                    "Missing required field `model` in the request body".to_string()
+                )),
             },
-            Err(PeekError::NotObject | PeekError::Syntax) => Err(Ok("Request body must be a JSON object".to_string())),
+            Err(PeekError::NotObject | PeekError::Syntax) => {
+                Err(Ok("Request body must be a JSON object".to_string()))
+            }
             Err(e) => Err(Ok(e.to_string())),
         };
         let (model, p) = match found {
@@ -331,7 +447,11 @@ impl Conn {
             snap,
             model,
             endpoint,
-            request_type: if p.stream { RequestType::Stream } else { RequestType::Unary },
+            request_type: if p.stream {
+                RequestType::Stream
+            } else {
+                RequestType::Unary
+            },
             prompt_tokens: (p.prompt_bytes as u64).div_ceil(4),
             body: body.clone(),
             request_end: end,
@@ -342,7 +462,13 @@ impl Conn {
         };
         out.clear();
         upstream_request_head(out, buf, head, body.len(), &ip[..*ip_len], rid);
-        let mut client = Client { reader: reader.as_mut(), writer, out, rbuf, request_id: rid };
+        let mut client = Client {
+            reader: reader.as_mut(),
+            writer,
+            out,
+            rbuf,
+            request_id: rid,
+        };
         match forward(ctx, &mut client, &outbound).await {
             Forwarded::Done { keep_alive, .. } => keep_alive,
             Forwarded::Abort(_) => false,
@@ -352,10 +478,28 @@ impl Conn {
                     Reject::Overloaded => snap.responses.overloaded.write(out, rid, keep, true),
                     Reject::DirectBusy => snap.responses.direct_busy.write(out, rid, keep, true),
                     Reject::Unavailable => snap.responses.unavailable.write(out, rid, keep, true),
-                    Reject::DirectMissingHeader => write_error(out, 400, "The x-worker-id header is required in direct routing mode", None, rid, keep, true),
-                    Reject::DirectUnknownWorker => write_error(out, 404, "Worker not found", None, rid, keep, true),
+                    Reject::DirectMissingHeader => write_error(
+                        out,
+                        400,
+                        "The x-worker-id header is required in direct routing mode",
+                        None,
+                        rid,
+                        keep,
+                        true,
+                    ),
+                    Reject::DirectUnknownWorker => {
+                        write_error(out, 404, "Worker not found", None, rid, keep, true)
+                    }
                     Reject::BadGateway(why) => write_error(out, 502, why, None, rid, keep, true),
-                    Reject::GatewayTimeout => write_error(out, 504, "The worker did not respond in time", None, rid, keep, true),
+                    Reject::GatewayTimeout => write_error(
+                        out,
+                        504,
+                        "The worker did not respond in time",
+                        None,
+                        rid,
+                        keep,
+                        true,
+                    ),
                 }
                 let (res, o) = writer.write_all(std::mem::take(out)).await;
                 *out = o;

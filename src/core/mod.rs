@@ -82,7 +82,11 @@ impl CoreCtx {
 
     /// The round-robin position of a model on this core.
     pub fn rr(&self, model_id: u32) -> u64 {
-        self.rr.borrow().get(model_id as usize).copied().unwrap_or(0)
+        self.rr
+            .borrow()
+            .get(model_id as usize)
+            .copied()
+            .unwrap_or(0)
     }
 
     pub fn set_rr(&self, model_id: u32, value: u64) {
@@ -131,7 +135,11 @@ impl ServerHandle {
     /// A handle that can stop the server from another thread (signal handling).
     pub fn stopper(&self) -> io::Result<Stopper> {
         Ok(Stopper {
-            stops: self.stops.iter().map(|s| s.try_clone()).collect::<io::Result<_>>()?,
+            stops: self
+                .stops
+                .iter()
+                .map(|s| s.try_clone())
+                .collect::<io::Result<_>>()?,
         })
     }
 }
@@ -186,14 +194,19 @@ fn placement(config: &Config) -> (Vec<Option<usize>>, Option<usize>) {
     }
     let allowed = allowed_cpus();
     if !config.cpus.is_empty() {
-        return (config.cpus.iter().map(|&c| Some(c)).collect(), config.monitor_cpu);
+        return (
+            config.cpus.iter().map(|&c| Some(c)).collect(),
+            config.monitor_cpu,
+        );
     }
     if allowed.is_empty() {
         return (vec![None; config.cores], config.monitor_cpu);
     }
     let n = allowed.len();
     if config.cores < n {
-        let data = (0..config.cores).map(|i| Some(allowed[n - config.cores + i])).collect();
+        let data = (0..config.cores)
+            .map(|i| Some(allowed[n - config.cores + i]))
+            .collect();
         (data, config.monitor_cpu.or(Some(allowed[0])))
     } else {
         let data = (0..config.cores).map(|i| Some(allowed[i % n])).collect();
@@ -202,15 +215,18 @@ fn placement(config: &Config) -> (Vec<Option<usize>>, Option<usize>) {
 }
 
 pub(crate) fn pin_current(cpu: Option<usize>, what: &str) {
-    if let Some(cpu) = cpu {
-        if let Err(e) = monoio::utils::bind_to_cpu_set([cpu]) {
-            tracing::warn!(cpu, thread = what, error = ?e, "cannot pin thread to CPU");
-        }
+    if let Some(Err(e)) = cpu.map(|c| monoio::utils::bind_to_cpu_set([c])) {
+        tracing::warn!(cpu, thread = what, error = ?e, "cannot pin thread to CPU");
     }
 }
 
 /// Builds a monoio runtime: io_uring when the kernel allows, epoll otherwise.
-pub(crate) fn runtime() -> io::Result<monoio::FusionRuntime<monoio::time::TimeDriver<monoio::IoUringDriver>, monoio::time::TimeDriver<monoio::LegacyDriver>>> {
+pub(crate) fn runtime() -> io::Result<
+    monoio::FusionRuntime<
+        monoio::time::TimeDriver<monoio::IoUringDriver>,
+        monoio::time::TimeDriver<monoio::LegacyDriver>,
+    >,
+> {
     match monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
         .with_entries(2048)
         .enable_timer()
@@ -247,9 +263,13 @@ pub fn start(config: Config, source: crate::monitor::ConfigSource) -> io::Result
     let empty = Arc::new(BusySet::default());
     let shared = Arc::new(Shared {
         snapshot: ArcSwap::new(snapshot),
-        busy: (0..cores).map(|_| Arc::new(ArcSwap::new(empty.clone()))).collect(),
+        busy: (0..cores)
+            .map(|_| Arc::new(ArcSwap::new(empty.clone())))
+            .collect(),
         connections: AtomicUsize::new(0),
-        counters: (0..cores).map(|_| CachePadded::new(CoreCounters::default())).collect(),
+        counters: (0..cores)
+            .map(|_| CachePadded::new(CoreCounters::default()))
+            .collect(),
         legacy_driver: (0..cores).map(|_| AtomicBool::new(false)).collect(),
         draining: AtomicBool::new(false),
     });
@@ -276,7 +296,9 @@ pub fn start(config: Config, source: crate::monitor::ConfigSource) -> io::Result
         threads.push(
             std::thread::Builder::new()
                 .name("spillway-monitor".into())
-                .spawn(move || crate::monitor::run(monitor_cpu, admin, stop_rx, shared, registry, source))?,
+                .spawn(move || {
+                    crate::monitor::run(monitor_cpu, admin, stop_rx, shared, registry, source)
+                })?,
         );
     }
     Ok(ServerHandle {
@@ -288,7 +310,13 @@ pub fn start(config: Config, source: crate::monitor::ConfigSource) -> io::Result
     })
 }
 
-fn run_core(id: usize, cpu: Option<usize>, listener: StdListener, stop: StdUnixStream, shared: Arc<Shared>) {
+fn run_core(
+    id: usize,
+    cpu: Option<usize>,
+    listener: StdListener,
+    stop: StdUnixStream,
+    shared: Arc<Shared>,
+) {
     pin_current(cpu, "core");
     let mut rt = match runtime() {
         Ok(rt) => rt,

@@ -41,7 +41,11 @@ pin_project_lite::pin_project! {
 }
 
 impl<F: Future<Output = ReadDone>> ClientReader<F> {
-    pub fn new(half: TcpOwnedReadHalf, buf: Vec<u8>, start: fn(TcpOwnedReadHalf, Vec<u8>) -> F) -> Self {
+    pub fn new(
+        half: TcpOwnedReadHalf,
+        buf: Vec<u8>,
+        start: fn(TcpOwnedReadHalf, Vec<u8>) -> F,
+    ) -> Self {
         ClientReader {
             pending: None,
             idle: Some((half, buf)),
@@ -77,10 +81,8 @@ impl<F: Future<Output = ReadDone>> ClientReader<F> {
 
     /// Makes room for `total` buffered bytes (one allocation for a large body).
     pub fn reserve_total(self: Pin<&mut Self>, total: usize) {
-        if let Some(buf) = self.buf_mut() {
-            if buf.capacity() < total {
-                buf.reserve(total - buf.len());
-            }
+        if let Some(buf) = self.buf_mut().filter(|b| b.capacity() < total) {
+            buf.reserve(total - buf.len());
         }
     }
 

@@ -64,7 +64,15 @@ pub fn error_body(out: &mut Vec<u8>, status: u16, message: &str, kind: &str) {
 }
 
 /// A one-off JSON error (semantics §4 shape), for errors not worth pre-rendering.
-pub fn write_error(out: &mut Vec<u8>, status: u16, message: &str, allow: Option<&str>, request_id: &[u8], keep_alive: bool, with_body: bool) {
+pub fn write_error(
+    out: &mut Vec<u8>,
+    status: u16,
+    message: &str,
+    allow: Option<&str>,
+    request_id: &[u8],
+    keep_alive: bool,
+    with_body: bool,
+) {
     let extra = allow.map(|a| ("allow", a));
     Canned::error(status, message, extra.as_slice()).write(out, request_id, keep_alive, with_body);
 }
@@ -102,7 +110,12 @@ mod tests {
             "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 59\r\n\
              x-request-id: rid-1\r\n\r\n{\"message\":\"Model not found\",\"type\":\"Not Found\",\"code\":404}"
         );
-        let c = Canned::error_typed(529, "Service temporarily overloaded", "Overloaded", &[("retry-after", "1")]);
+        let c = Canned::error_typed(
+            529,
+            "Service temporarily overloaded",
+            "Overloaded",
+            &[("retry-after", "1")],
+        );
         let mut out = Vec::new();
         c.write(&mut out, b"r", false, false);
         let text = String::from_utf8(out).unwrap();

@@ -157,7 +157,12 @@ impl Dechunker {
     }
 
     /// Decodes as far as `buf[..filled]` allows. `max_out` bounds the decoded length.
-    pub fn decode(&mut self, buf: &mut [u8], filled: usize, max_out: usize) -> Result<bool, HttpError> {
+    pub fn decode(
+        &mut self,
+        buf: &mut [u8],
+        filled: usize,
+        max_out: usize,
+    ) -> Result<bool, HttpError> {
         loop {
             match self.parser.next(&buf[self.raw..filled])? {
                 Event::NeedMore => return Ok(false),
@@ -195,22 +200,44 @@ mod tests {
 
     #[test]
     fn wire_table() {
-        let cases: &[(&[u8], Result<(&[u8], usize), HttpError>)] = &[
+        type Case = (&'static [u8], Result<(&'static [u8], usize), HttpError>);
+        let cases: &[Case] = &[
             (b"5\r\nhello\r\n0\r\n\r\n", Ok((b"hello", 15))),
-            (b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\nNEXT", Ok((b"hello world", 26))),
+            (
+                b"5\r\nhello\r\n6\r\n world\r\n0\r\n\r\nNEXT",
+                Ok((b"hello world", 26)),
+            ),
             (b"5;ext=1\r\nhello\r\n0\r\n\r\n", Ok((b"hello", 21))),
-            (b"A\r\n0123456789\r\n0\r\nX-T: 1\r\n\r\n", Ok((b"0123456789", 28))),
+            (
+                b"A\r\n0123456789\r\n0\r\nX-T: 1\r\n\r\n",
+                Ok((b"0123456789", 28)),
+            ),
             (b"0\r\n\r\n", Ok((b"", 5))),
-            (b"zz\r\nhello\r\n0\r\n\r\n", Err(HttpError::InvalidChunk("invalid chunk size"))),
-            (b"5\r\nhelloXX0\r\n\r\n", Err(HttpError::InvalidChunk("chunk data not followed by CRLF"))),
-            (b"ffffffffffffffffffff\r\n", Err(HttpError::InvalidChunk("invalid chunk size"))),
-            (b"0\r\nX-T 1\r\n\r\n", Err(HttpError::InvalidChunk("malformed trailer field"))),
-            (b"0\r\n\n", Err(HttpError::InvalidChunk("bare LF in trailer section"))),
+            (
+                b"zz\r\nhello\r\n0\r\n\r\n",
+                Err(HttpError::InvalidChunk("invalid chunk size")),
+            ),
+            (
+                b"5\r\nhelloXX0\r\n\r\n",
+                Err(HttpError::InvalidChunk("chunk data not followed by CRLF")),
+            ),
+            (
+                b"ffffffffffffffffffff\r\n",
+                Err(HttpError::InvalidChunk("invalid chunk size")),
+            ),
+            (
+                b"0\r\nX-T 1\r\n\r\n",
+                Err(HttpError::InvalidChunk("malformed trailer field")),
+            ),
+            (
+                b"0\r\n\n",
+                Err(HttpError::InvalidChunk("bare LF in trailer section")),
+            ),
             (b"5\r\nhel", Err(HttpError::InvalidChunk("incomplete"))),
         ];
         for (raw, want) in cases {
             let got = dechunk_all(raw);
-            let want = want.clone().map(|(b, n)| (b.to_vec(), n));
+            let want = (*want).map(|(b, n)| (b.to_vec(), n));
             assert_eq!(got, want, "{:?}", String::from_utf8_lossy(raw));
         }
     }
@@ -220,7 +247,10 @@ mod tests {
         let raw = b"5\r\nhello\r\n0\r\n\r\n";
         let mut buf = raw.to_vec();
         let mut d = Dechunker::new(0);
-        assert_eq!(d.decode(&mut buf, raw.len(), 4), Err(HttpError::BodyTooLarge));
+        assert_eq!(
+            d.decode(&mut buf, raw.len(), 4),
+            Err(HttpError::BodyTooLarge)
+        );
     }
 
     proptest::proptest! {

@@ -6,8 +6,8 @@ pub mod canned;
 pub mod chunked;
 pub mod limits;
 pub mod request;
-pub mod sse;
 pub mod response;
+pub mod sse;
 pub mod write;
 
 pub use limits::Limits;
@@ -209,7 +209,9 @@ pub(crate) fn mark_connection_named(buf: &[u8], list: &mut HeaderList) {
         let name = list.fields[i].name.get(buf);
         let named = (0..list.len)
             .filter(|j| conn_idx & (1u128 << j) != 0)
-            .any(|j| list_tokens(list.fields[j].value.get(buf)).any(|t| t.eq_ignore_ascii_case(name)));
+            .any(|j| {
+                list_tokens(list.fields[j].value.get(buf)).any(|t| t.eq_ignore_ascii_case(name))
+            });
         if named {
             list.skip |= 1u128 << i;
         }
@@ -252,14 +254,31 @@ mod tests {
             parse_content_length(b"4,2", None),
             Err(HttpError::ConflictingLength)
         );
-        for bad in [&b""[..], b"+1", b"-1", b"1 2", b"0x10", b"99999999999999999999", b"1,"] {
+        for bad in [
+            &b""[..],
+            b"+1",
+            b"-1",
+            b"1 2",
+            b"0x10",
+            b"99999999999999999999",
+            b"1,",
+        ] {
             assert!(parse_content_length(bad, None).is_err(), "{bad:?}");
         }
     }
 
     #[test]
     fn hop_by_hop_names() {
-        for h in ["Connection", "keep-alive", "TE", "Trailer", "Transfer-Encoding", "Upgrade", "Proxy-Authorization", "proxy-connection"] {
+        for h in [
+            "Connection",
+            "keep-alive",
+            "TE",
+            "Trailer",
+            "Transfer-Encoding",
+            "Upgrade",
+            "Proxy-Authorization",
+            "proxy-connection",
+        ] {
             assert!(is_hop_by_hop(h.as_bytes()), "{h}");
         }
         for h in ["content-type", "host", "x-proxy", "proxy", "authorization"] {

@@ -128,7 +128,9 @@ pub fn parse_request(
             out.headers.skip |= bit;
         } else if name_is(name, "transfer-encoding") {
             if version == 0 {
-                return Err(HttpError::Malformed("Transfer-Encoding in an HTTP/1.0 request"));
+                return Err(HttpError::Malformed(
+                    "Transfer-Encoding in an HTTP/1.0 request",
+                ));
             }
             for coding in list_tokens(value) {
                 if !coding.eq_ignore_ascii_case(b"chunked") {
@@ -224,7 +226,9 @@ fn origin_form(buf: &[u8], target: &[u8]) -> Result<Span, HttpError> {
     };
     match memchr::memchr(b'/', rest) {
         Some(p) => Ok(Span::of(buf, &rest[p..])),
-        None => Err(HttpError::Malformed("absolute request target without a path")),
+        None => Err(HttpError::Malformed(
+            "absolute request target without a path",
+        )),
     }
 }
 
@@ -260,30 +264,98 @@ mod tests {
             ("GET / HTTP/1.1\r\nHost: a\r\n\r\n", Ok(Some((None, true)))),
             ("GET / HTTP/1.1\r\nHost: a\r\n", Ok(Option::None)),
             ("GET / HTTP/1.0\r\n\r\n", Ok(Some((None, false)))),
-            ("GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n", Ok(Some((None, true)))),
-            ("GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n", Ok(Some((None, false)))),
-            ("POST /v1/x HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n", Ok(Some((Length(5), true)))),
-            ("POST /v1/x HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n", Ok(Some((None, true)))),
-            ("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n", Ok(Some((Length(5), true)))),
-            ("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n", Ok(Some((Chunked, true)))),
-            ("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: Chunked\r\n\r\n", Ok(Some((Chunked, true)))),
-            ("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n", Err(HttpError::ConflictingLength)),
-            ("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n", Err(HttpError::LengthAndChunked)),
-            ("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n", Err(HttpError::UnsupportedTransferCoding)),
-            ("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, chunked\r\n\r\n", Err(HttpError::InvalidChunk("chunked applied twice"))),
-            ("POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n", Err(HttpError::Malformed("Transfer-Encoding in an HTTP/1.0 request"))),
-            ("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2048\r\n\r\n", Err(HttpError::BodyTooLarge)),
-            ("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: abc\r\n\r\n", Err(HttpError::InvalidLength)),
-            ("POST / HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n", Err(HttpError::InvalidLength)),
-            ("GET / HTTP/1.1\r\nHost: a\r\nX-A: b\r\n c\r\n\r\n", Err(HttpError::ObsFold)),
+            (
+                "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+                Ok(Some((None, true))),
+            ),
+            (
+                "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+                Ok(Some((None, false))),
+            ),
+            (
+                "POST /v1/x HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n",
+                Ok(Some((Length(5), true))),
+            ),
+            (
+                "POST /v1/x HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n",
+                Ok(Some((None, true))),
+            ),
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+                Ok(Some((Length(5), true))),
+            ),
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
+                Ok(Some((Chunked, true))),
+            ),
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: Chunked\r\n\r\n",
+                Ok(Some((Chunked, true))),
+            ),
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+                Err(HttpError::ConflictingLength),
+            ),
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+                Err(HttpError::LengthAndChunked),
+            ),
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+                Err(HttpError::UnsupportedTransferCoding),
+            ),
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, chunked\r\n\r\n",
+                Err(HttpError::InvalidChunk("chunked applied twice")),
+            ),
+            (
+                "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+                Err(HttpError::Malformed(
+                    "Transfer-Encoding in an HTTP/1.0 request",
+                )),
+            ),
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2048\r\n\r\n",
+                Err(HttpError::BodyTooLarge),
+            ),
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: abc\r\n\r\n",
+                Err(HttpError::InvalidLength),
+            ),
+            (
+                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n",
+                Err(HttpError::InvalidLength),
+            ),
+            (
+                "GET / HTTP/1.1\r\nHost: a\r\nX-A: b\r\n c\r\n\r\n",
+                Err(HttpError::ObsFold),
+            ),
             ("GET / HTTP/1.1\r\n\r\n", Err(HttpError::MissingHost)),
-            ("GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n", Err(HttpError::Malformed("more than one Host header"))),
+            (
+                "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+                Err(HttpError::Malformed("more than one Host header")),
+            ),
             ("GET / HTTP/2.0\r\nHost: a\r\n\r\n", Err(HttpError::Version)),
-            ("GET  HTTP/1.1\r\nHost: a\r\n\r\n", Err(HttpError::Malformed("invalid request line"))),
-            ("G@T / HTTP/1.1\r\nHost: a\r\n\r\n", Err(HttpError::Malformed("invalid request line"))),
-            ("GET / HTTP/1.1\r\nHo st: a\r\n\r\n", Err(HttpError::Malformed("invalid header name"))),
-            ("GET / HTTP/1.1\r\nHost: a\r\nX: a\0b\r\n\r\n", Err(HttpError::Malformed("invalid header value"))),
-            ("GET foo HTTP/1.1\r\nHost: a\r\n\r\n", Err(HttpError::Malformed("request target must be a path"))),
+            (
+                "GET  HTTP/1.1\r\nHost: a\r\n\r\n",
+                Err(HttpError::Malformed("invalid request line")),
+            ),
+            (
+                "G@T / HTTP/1.1\r\nHost: a\r\n\r\n",
+                Err(HttpError::Malformed("invalid request line")),
+            ),
+            (
+                "GET / HTTP/1.1\r\nHo st: a\r\n\r\n",
+                Err(HttpError::Malformed("invalid header name")),
+            ),
+            (
+                "GET / HTTP/1.1\r\nHost: a\r\nX: a\0b\r\n\r\n",
+                Err(HttpError::Malformed("invalid header value")),
+            ),
+            (
+                "GET foo HTTP/1.1\r\nHost: a\r\n\r\n",
+                Err(HttpError::Malformed("request target must be a path")),
+            ),
         ];
         for (raw, want) in cases {
             let got = parse(raw).map(|o| o.map(|h| (h.body, h.keep_alive)));
@@ -334,7 +406,10 @@ mod tests {
         let long = "a".repeat(MAX_REQUEST_ID_LEN + 1);
         for bad in ["", "has space", long.as_str()] {
             let raw = format!("GET / HTTP/1.1\r\nHost: a\r\nX-Request-Id: {bad}\r\n\r\n");
-            assert!(parse(&raw).unwrap().unwrap().request_id.is_none(), "{bad:?}");
+            assert!(
+                parse(&raw).unwrap().unwrap().request_id.is_none(),
+                "{bad:?}"
+            );
         }
     }
 

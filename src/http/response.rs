@@ -153,22 +153,87 @@ mod tests {
 
     #[test]
     fn wire_table() {
-        let cases: &[(&str, bool, Result<Option<(u16, BodyFraming, bool)>, HttpError>)] = &[
-            ("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc", false, Ok(Some((200, Length(3), true)))),
-            ("HTTP/1.1 200 OK\r\nContent-Length: 3\r\n", false, Ok(Option::None)),
-            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", false, Ok(Some((200, Chunked, true)))),
-            ("HTTP/1.1 200 OK\r\n\r\n", false, Ok(Some((200, UntilClose, false)))),
-            ("HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\n", false, Ok(Some((200, Length(1), false)))),
-            ("HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n", false, Ok(Some((200, Length(1), false)))),
-            ("HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 1\r\n\r\n", false, Ok(Some((200, Length(1), true)))),
-            ("HTTP/1.1 204 No Content\r\n\r\n", false, Ok(Some((204, None, true)))),
-            ("HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n", false, Ok(Some((304, None, true)))),
-            ("HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n", true, Ok(Some((200, None, true)))),
-            ("HTTP/1.1 100 Continue\r\n\r\n", false, Ok(Some((100, None, true)))),
-            ("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n", false, Ok(Some((200, Chunked, false)))),
-            ("HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", false, Ok(Some((200, UntilClose, false)))),
-            ("HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n", false, Err(HttpError::ConflictingLength)),
-            ("HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", false, Err(HttpError::InvalidLength)),
+        type Case = (
+            &'static str,
+            bool,
+            Result<Option<(u16, BodyFraming, bool)>, HttpError>,
+        );
+        let cases: &[Case] = &[
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc",
+                false,
+                Ok(Some((200, Length(3), true))),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n",
+                false,
+                Ok(Option::None),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+                false,
+                Ok(Some((200, Chunked, true))),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\n\r\n",
+                false,
+                Ok(Some((200, UntilClose, false))),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\n",
+                false,
+                Ok(Some((200, Length(1), false))),
+            ),
+            (
+                "HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n",
+                false,
+                Ok(Some((200, Length(1), false))),
+            ),
+            (
+                "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 1\r\n\r\n",
+                false,
+                Ok(Some((200, Length(1), true))),
+            ),
+            (
+                "HTTP/1.1 204 No Content\r\n\r\n",
+                false,
+                Ok(Some((204, None, true))),
+            ),
+            (
+                "HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n",
+                false,
+                Ok(Some((304, None, true))),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n",
+                true,
+                Ok(Some((200, None, true))),
+            ),
+            (
+                "HTTP/1.1 100 Continue\r\n\r\n",
+                false,
+                Ok(Some((100, None, true))),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+                false,
+                Ok(Some((200, Chunked, false))),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+                false,
+                Ok(Some((200, UntilClose, false))),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+                false,
+                Err(HttpError::ConflictingLength),
+            ),
+            (
+                "HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
+                false,
+                Err(HttpError::InvalidLength),
+            ),
             ("HTTP/2 200 OK\r\n\r\n", false, Err(HttpError::Version)),
             ("garbage\r\n\r\n", false, Err(HttpError::Version)),
         ];
@@ -182,7 +247,10 @@ mod tests {
         let raw = "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream; charset=utf-8\r\n\
                    Transfer-Encoding: chunked\r\nX-Request-Id: up\r\nKeep-Alive: 5\r\nX-Kept: 1\r\n\r\n";
         let mut out = ResponseHead::default();
-        assert_eq!(parse_response(raw.as_bytes(), 4096, false, &mut out), Ok(true));
+        assert_eq!(
+            parse_response(raw.as_bytes(), 4096, false, &mut out),
+            Ok(true)
+        );
         assert!(out.event_stream);
         let names: Vec<_> = out
             .headers

@@ -3,16 +3,10 @@
 
 const DATA: &[u8] = b"data:";
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct SseCounter {
     /// Bytes of `data:` matched at the current line start; `usize::MAX` = mid-line.
     matched: usize,
-}
-
-impl Default for SseCounter {
-    fn default() -> Self {
-        SseCounter { matched: 0 }
-    }
 }
 
 impl SseCounter {

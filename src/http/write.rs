@@ -13,7 +13,11 @@ fn header(out: &mut Vec<u8>, name: &[u8], value: &[u8]) {
     out.extend_from_slice(b"\r\n");
 }
 
-fn forwarded_fields<'a>(out: &mut Vec<u8>, buf: &[u8], fields: impl Iterator<Item = &'a HeaderSpan>) {
+fn forwarded_fields<'a>(
+    out: &mut Vec<u8>,
+    buf: &[u8],
+    fields: impl Iterator<Item = &'a HeaderSpan>,
+) {
     for h in fields {
         header(out, h.name.get(buf), h.value.get(buf));
     }
@@ -159,7 +163,8 @@ mod tests {
 
     #[test]
     fn upstream_head_rewrite() {
-        let raw = b"POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nTransfer-Encoding: chunked\r\n\
+        let raw =
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nTransfer-Encoding: chunked\r\n\
                     Connection: keep-alive, X-Hop\r\nX-Hop: 1\r\nX-Forwarded-For: 9.9.9.9\r\n\
                     Content-Type: application/json\r\n\r\n";
         let mut head = RequestHead::default();

@@ -49,7 +49,11 @@ impl Outcome {
     ];
 
     pub fn status(self) -> &'static str {
-        if self == Outcome::Success { "success" } else { "error" }
+        if self == Outcome::Success {
+            "success"
+        } else {
+            "error"
+        }
     }
 
     pub fn error_type(self) -> &'static str {
@@ -205,25 +209,39 @@ pub struct ModelMetrics {
 impl ModelMetrics {
     pub fn new(cores: usize) -> ModelMetrics {
         ModelMetrics {
-            cores: (0..cores).map(|_| CachePadded::new(ModelCore::default())).collect(),
+            cores: (0..cores)
+                .map(|_| CachePadded::new(ModelCore::default()))
+                .collect(),
         }
     }
 
     pub fn requests(&self, e: Endpoint, t: RequestType, o: Outcome) -> u64 {
         let cell = request_cell(e, t, o);
-        self.cores.iter().map(|c| c.requests[cell].load(Relaxed)).sum()
+        self.cores
+            .iter()
+            .map(|c| c.requests[cell].load(Relaxed))
+            .sum()
     }
 
     pub fn rejections(&self, e: Endpoint) -> u64 {
-        self.cores.iter().map(|c| c.rejections[e.index()].load(Relaxed)).sum()
+        self.cores
+            .iter()
+            .map(|c| c.rejections[e.index()].load(Relaxed))
+            .sum()
     }
 
     pub fn migrations(&self, ongoing: bool) -> u64 {
-        self.cores.iter().map(|c| c.migrations[usize::from(ongoing)].load(Relaxed)).sum()
+        self.cores
+            .iter()
+            .map(|c| c.migrations[usize::from(ongoing)].load(Relaxed))
+            .sum()
     }
 
     pub fn inflight(&self) -> u64 {
-        self.cores.iter().map(|c| c.inflight.load(Relaxed)).sum::<u64>()
+        self.cores
+            .iter()
+            .map(|c| c.inflight.load(Relaxed))
+            .sum::<u64>()
     }
 }
 
@@ -271,11 +289,33 @@ mod tests {
     #[test]
     fn model_metrics_sum_cores() {
         let m = ModelMetrics::new(3);
-        m.cores[0].request_done(Endpoint::ChatCompletions, RequestType::Stream, Outcome::Success);
-        m.cores[2].request_done(Endpoint::ChatCompletions, RequestType::Stream, Outcome::Success);
+        m.cores[0].request_done(
+            Endpoint::ChatCompletions,
+            RequestType::Stream,
+            Outcome::Success,
+        );
+        m.cores[2].request_done(
+            Endpoint::ChatCompletions,
+            RequestType::Stream,
+            Outcome::Success,
+        );
         m.cores[1].rejected(Endpoint::Completions);
-        assert_eq!(m.requests(Endpoint::ChatCompletions, RequestType::Stream, Outcome::Success), 2);
-        assert_eq!(m.requests(Endpoint::ChatCompletions, RequestType::Unary, Outcome::Success), 0);
+        assert_eq!(
+            m.requests(
+                Endpoint::ChatCompletions,
+                RequestType::Stream,
+                Outcome::Success
+            ),
+            2
+        );
+        assert_eq!(
+            m.requests(
+                Endpoint::ChatCompletions,
+                RequestType::Unary,
+                Outcome::Success
+            ),
+            0
+        );
         assert_eq!(m.rejections(Endpoint::Completions), 1);
     }
 }

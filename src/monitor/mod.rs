@@ -93,7 +93,14 @@ pub struct Control {
 }
 
 /// Runs the monitor thread: admin listener plus monitor tasks, until stopped.
-pub fn run(cpu: Option<usize>, admin: StdListener, stop: StdUnixStream, shared: Arc<Shared>, registry: Registry, source: ConfigSource) {
+pub fn run(
+    cpu: Option<usize>,
+    admin: StdListener,
+    stop: StdUnixStream,
+    shared: Arc<Shared>,
+    registry: Registry,
+    source: ConfigSource,
+) {
     crate::core::pin_current(cpu, "monitor");
     let mut rt = match crate::core::runtime() {
         Ok(rt) => rt,
@@ -103,7 +110,11 @@ pub fn run(cpu: Option<usize>, admin: StdListener, stop: StdUnixStream, shared: 
         }
     };
     rt.block_on(async move {
-        let control = Rc::new(std::cell::RefCell::new(Control { shared, registry, source }));
+        let control = Rc::new(std::cell::RefCell::new(Control {
+            shared,
+            registry,
+            source,
+        }));
         let listener = match monoio::net::TcpListener::from_std(admin) {
             Ok(l) => l,
             Err(e) => {

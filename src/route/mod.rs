@@ -99,7 +99,7 @@ impl Rng {
     }
 
     pub fn below(&mut self, n: usize) -> usize {
-        ((self.next_u64() >> 32) * n as u64 >> 32) as usize
+        (((self.next_u64() >> 32) * n as u64) >> 32) as usize
     }
 }
 
@@ -150,7 +150,11 @@ pub fn pick(
                 }
                 let b = if b0 == a { nth_eligible(k) } else { b0 };
                 let (sa, sb) = (state(a), state(b));
-                if (sb.inflight, sb.load) < (sa.inflight, sa.load) { b } else { a }
+                if (sb.inflight, sb.load) < (sa.inflight, sa.load) {
+                    b
+                } else {
+                    a
+                }
             }
         }
         RouterMode::LeastLoaded => (0..n)
@@ -182,7 +186,9 @@ pub fn pick_direct<'a>(
     state: impl Fn(usize) -> MemberState,
 ) -> Result<usize, DirectRefusal> {
     let id = worker_id.ok_or(DirectRefusal::MissingHeader)?.trim_ascii();
-    let i = (0..n).find(|&i| name(i) == id).ok_or(DirectRefusal::UnknownWorker)?;
+    let i = (0..n)
+        .find(|&i| name(i) == id)
+        .ok_or(DirectRefusal::UnknownWorker)?;
     let s = state(i);
     if s.unreachable {
         Err(DirectRefusal::Unreachable)
@@ -199,19 +205,41 @@ mod tests {
     use proptest::prelude::*;
 
     fn st(unreachable: bool, busy: bool, inflight: u32) -> MemberState {
-        MemberState { unreachable, busy, inflight, load: 0 }
+        MemberState {
+            unreachable,
+            busy,
+            inflight,
+            load: 0,
+        }
     }
 
     #[test]
     fn empty_and_all_down_is_unavailable_all_busy_is_overloaded() {
         let mut rr = 0;
         let mut rng = super::Rng::new(1);
-        for mode in [RouterMode::RoundRobin, RouterMode::Random, RouterMode::PowerOfTwo, RouterMode::LeastLoaded] {
-            assert_eq!(pick(mode, 0, |_| st(false, false, 0), &mut rr, &mut rng), Pick::Unavailable);
-            assert_eq!(pick(mode, 3, |_| st(true, false, 0), &mut rr, &mut rng), Pick::Unavailable);
-            assert_eq!(pick(mode, 3, |_| st(false, true, 0), &mut rr, &mut rng), Pick::Overloaded);
+        for mode in [
+            RouterMode::RoundRobin,
+            RouterMode::Random,
+            RouterMode::PowerOfTwo,
+            RouterMode::LeastLoaded,
+        ] {
+            assert_eq!(
+                pick(mode, 0, |_| st(false, false, 0), &mut rr, &mut rng),
+                Pick::Unavailable
+            );
+            assert_eq!(
+                pick(mode, 3, |_| st(true, false, 0), &mut rr, &mut rng),
+                Pick::Unavailable
+            );
+            assert_eq!(
+                pick(mode, 3, |_| st(false, true, 0), &mut rr, &mut rng),
+                Pick::Overloaded
+            );
             // Busy plus down, nothing eligible: overloaded (reachable workers exist).
-            assert_eq!(pick(mode, 2, |i| st(i == 0, i == 1, 0), &mut rr, &mut rng), Pick::Overloaded);
+            assert_eq!(
+                pick(mode, 2, |i| st(i == 0, i == 1, 0), &mut rr, &mut rng),
+                Pick::Overloaded
+            );
         }
     }
 
@@ -219,9 +247,29 @@ mod tests {
     fn round_robin_rotates_and_skips_busy() {
         let mut rr = 0;
         let mut rng = super::Rng::new(1);
-        let got: Vec<_> = (0..6).map(|_| pick(RouterMode::RoundRobin, 3, |_| st(false, false, 0), &mut rr, &mut rng)).collect();
+        let got: Vec<_> = (0..6)
+            .map(|_| {
+                pick(
+                    RouterMode::RoundRobin,
+                    3,
+                    |_| st(false, false, 0),
+                    &mut rr,
+                    &mut rng,
+                )
+            })
+            .collect();
         assert_eq!(got, [0, 1, 2, 0, 1, 2].map(Pick::Member));
-        let got: Vec<_> = (0..4).map(|_| pick(RouterMode::RoundRobin, 3, |i| st(false, i == 1, 0), &mut rr, &mut rng)).collect();
+        let got: Vec<_> = (0..4)
+            .map(|_| {
+                pick(
+                    RouterMode::RoundRobin,
+                    3,
+                    |i| st(false, i == 1, 0),
+                    &mut rr,
+                    &mut rng,
+                )
+            })
+            .collect();
         assert!(got.iter().all(|p| *p != Pick::Member(1)));
     }
 
@@ -230,7 +278,17 @@ mod tests {
         let mut rr = 0;
         let mut rng = super::Rng::new(1);
         let loads = [(3, 0), (1, 900), (1, 100), (2, 0)];
-        let p = pick(RouterMode::LeastLoaded, 4, |i| MemberState { inflight: loads[i].0, load: loads[i].1, ..MemberState::default() }, &mut rr, &mut rng);
+        let p = pick(
+            RouterMode::LeastLoaded,
+            4,
+            |i| MemberState {
+                inflight: loads[i].0,
+                load: loads[i].1,
+                ..MemberState::default()
+            },
+            &mut rr,
+            &mut rng,
+        );
         assert_eq!(p, Pick::Member(2));
     }
 
@@ -240,16 +298,34 @@ mod tests {
         let ok = |_| st(false, false, 0);
         assert_eq!(pick_direct(Some(b"w2"), 2, |i| names[i], ok), Ok(1));
         assert_eq!(pick_direct(Some(b" w1 "), 2, |i| names[i], ok), Ok(0));
-        assert_eq!(pick_direct(None, 2, |i| names[i], ok), Err(DirectRefusal::MissingHeader));
-        assert_eq!(pick_direct(Some(b"w3"), 2, |i| names[i], ok), Err(DirectRefusal::UnknownWorker));
-        assert_eq!(pick_direct(Some(b"w1"), 2, |i| names[i], |_| st(false, true, 0)), Err(DirectRefusal::Busy));
-        assert_eq!(pick_direct(Some(b"w1"), 2, |i| names[i], |_| st(true, false, 0)), Err(DirectRefusal::Unreachable));
+        assert_eq!(
+            pick_direct(None, 2, |i| names[i], ok),
+            Err(DirectRefusal::MissingHeader)
+        );
+        assert_eq!(
+            pick_direct(Some(b"w3"), 2, |i| names[i], ok),
+            Err(DirectRefusal::UnknownWorker)
+        );
+        assert_eq!(
+            pick_direct(Some(b"w1"), 2, |i| names[i], |_| st(false, true, 0)),
+            Err(DirectRefusal::Busy)
+        );
+        assert_eq!(
+            pick_direct(Some(b"w1"), 2, |i| names[i], |_| st(true, false, 0)),
+            Err(DirectRefusal::Unreachable)
+        );
     }
 
     #[test]
     fn endpoints() {
-        assert_eq!(Endpoint::from_path(b"/v1/chat/completions"), Endpoint::ChatCompletions);
-        assert_eq!(Endpoint::from_path(b"/v1/completions"), Endpoint::Completions);
+        assert_eq!(
+            Endpoint::from_path(b"/v1/chat/completions"),
+            Endpoint::ChatCompletions
+        );
+        assert_eq!(
+            Endpoint::from_path(b"/v1/completions"),
+            Endpoint::Completions
+        );
         assert_eq!(Endpoint::from_path(b"/v1/rerank"), Endpoint::Other);
         for (i, e) in Endpoint::ALL.iter().enumerate() {
             assert_eq!(e.index(), i);

@@ -75,7 +75,9 @@ fn unescape(s: &[u8]) -> Result<(char, usize), PeekError> {
         Some(b'u') => {
             let code = hex4(s.get(2..6))?;
             if !(0xd800..0xdc00).contains(&code) {
-                return char::from_u32(code).map(|c| (c, 6)).ok_or(PeekError::BadEscape);
+                return char::from_u32(code)
+                    .map(|c| (c, 6))
+                    .ok_or(PeekError::BadEscape);
             }
             if s.get(6..8) != Some(b"\\u") {
                 return Err(PeekError::BadEscape);
@@ -85,7 +87,9 @@ fn unescape(s: &[u8]) -> Result<(char, usize), PeekError> {
                 return Err(PeekError::BadEscape);
             }
             let code = 0x10000 + ((code - 0xd800) << 10) + (low - 0xdc00);
-            return char::from_u32(code).map(|c| (c, 12)).ok_or(PeekError::BadEscape);
+            return char::from_u32(code)
+                .map(|c| (c, 12))
+                .ok_or(PeekError::BadEscape);
         }
         _ => return Err(PeekError::BadEscape),
     };
@@ -175,7 +179,10 @@ impl<'a> Scanner<'a> {
             match self.buf.get(self.pos + 1) {
                 Some(b'"' | b'\\' | b'/' | b'b' | b'f' | b'n' | b'r' | b't') => self.pos += 2,
                 Some(b'u') => {
-                    let hex = self.buf.get(self.pos + 2..self.pos + 6).ok_or(PeekError::Syntax)?;
+                    let hex = self
+                        .buf
+                        .get(self.pos + 2..self.pos + 6)
+                        .ok_or(PeekError::Syntax)?;
                     if !hex.iter().all(u8::is_ascii_hexdigit) {
                         return Err(PeekError::BadEscape);
                     }
@@ -197,7 +204,9 @@ impl<'a> Scanner<'a> {
             Some(b't') => tok == b"true",
             Some(b'f') => tok == b"false",
             Some(b'n') => tok == b"null",
-            Some(b'-' | b'0'..=b'9') => tok[1..].iter().all(|c| !c.is_ascii_lowercase() || *c == b'e'),
+            Some(b'-' | b'0'..=b'9') => tok[1..]
+                .iter()
+                .all(|c| !c.is_ascii_lowercase() || *c == b'e'),
             _ => false,
         };
         if ok { Ok(tok) } else { Err(PeekError::Syntax) }
@@ -309,11 +318,10 @@ pub fn peek(body: &[u8]) -> Result<RequestPeek<'_>, PeekError> {
             let start = s.pos;
             let value = s.value()?;
             match (Key::of(&key), value) {
-                (Key::Model, Value::Str(m)) => {
-                    if out.model.replace(m).is_some() {
-                        return Err(PeekError::DuplicateModel);
-                    }
+                (Key::Model, Value::Str(_)) if out.model.is_some() => {
+                    return Err(PeekError::DuplicateModel);
                 }
+                (Key::Model, Value::Str(m)) => out.model = Some(m),
                 (Key::Model, _) => return Err(PeekError::ModelNotString),
                 (Key::Stream, Value::Scalar(v)) => out.stream = v == b"true",
                 (Key::Prompt, _) => out.prompt_bytes += s.pos - start,
@@ -365,17 +373,32 @@ mod tests {
         let ok: &[(&str, Option<&str>)] = &[
             (r#"{"model":"m1","messages":[]}"#, Some("m1")),
             (r#"  {  "model" : "m1" }  "#, Some("m1")),
-            (r#"{"messages":[{"model":"nested"}],"model":"top"}"#, Some("top")),
+            (
+                r#"{"messages":[{"model":"nested"}],"model":"top"}"#,
+                Some("top"),
+            ),
             (r#"{"messages":[{"model":"nested"}]}"#, None),
-            (r#"{"x":{"model":"nested","y":[1,{"model":"deeper"}]}}"#, None),
-            (r#"{"prompt":"say \"model\": \"fake\"","model":"real"}"#, Some("real")),
-            (r#"{"prompt":"ends with backslash \\","model":"real"}"#, Some("real")),
+            (
+                r#"{"x":{"model":"nested","y":[1,{"model":"deeper"}]}}"#,
+                None,
+            ),
+            (
+                r#"{"prompt":"say \"model\": \"fake\"","model":"real"}"#,
+                Some("real"),
+            ),
+            (
+                r#"{"prompt":"ends with backslash \\","model":"real"}"#,
+                Some("real"),
+            ),
             (r#"{"model":"Qwen\/Qwen3-0.6B"}"#, Some("Qwen/Qwen3-0.6B")),
             (r#"{"model":"caf\u00e9 \ud83d\ude00"}"#, Some("café 😀")),
             (r#"{"\u006dodel":"escaped-key"}"#, Some("escaped-key")),
             (r#"{"\"model\"":"quoted-key-is-not-model"}"#, None),
             (r#"{}"#, None),
-            (r#"{"a":[],"b":{},"c":null,"d":-1.5e3,"model":"m"}"#, Some("m")),
+            (
+                r#"{"a":[],"b":{},"c":null,"d":-1.5e3,"model":"m"}"#,
+                Some("m"),
+            ),
         ];
         for (body, want) in ok {
             assert_eq!(model(body), Ok(want.map(str::to_string)), "{body}");
@@ -393,7 +416,10 @@ mod tests {
             (r#"{"a":tru}"#, PeekError::Syntax),
             (r#"{"model":1}"#, PeekError::ModelNotString),
             (r#"{"model":"a","model":"b"}"#, PeekError::DuplicateModel),
-            (r#"{"model":"a","mod\u0065l":"b"}"#, PeekError::DuplicateModel),
+            (
+                r#"{"model":"a","mod\u0065l":"b"}"#,
+                PeekError::DuplicateModel,
+            ),
             (r#"{"model":"a\x"}"#, PeekError::BadEscape),
             (r#"{"model":"\ud800"}"#, PeekError::BadEscape),
         ];
@@ -411,7 +437,8 @@ mod tests {
         assert!(p.stream);
         assert_eq!(p.max_tokens, Some(64));
         assert_eq!(p.prompt_bytes, r#"[{"role":"user","content":"hi"}]"#.len());
-        let p = peek(br#"{"model":"m","stream":false,"max_tokens":5,"max_completion_tokens":7}"#).unwrap();
+        let p = peek(br#"{"model":"m","stream":false,"max_tokens":5,"max_completion_tokens":7}"#)
+            .unwrap();
         assert!(!p.stream);
         assert_eq!(p.max_tokens, Some(7));
     }
@@ -444,8 +471,11 @@ mod tests {
             Just(serde_json::Value::Null),
             any::<bool>().prop_map(serde_json::Value::from),
             any::<i64>().prop_map(serde_json::Value::from),
-            any::<f64>().prop_filter("finite", |f| f.is_finite()).prop_map(serde_json::Value::from),
-            "(model|\\\\|\"|[a-z]|\\{|\\}|\\[|\\]|\u{e9}|\u{1F600}|\n){0,8}".prop_map(serde_json::Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(serde_json::Value::from),
+            "(model|\\\\|\"|[a-z]|\\{|\\}|\\[|\\]|\u{e9}|\u{1F600}|\n){0,8}"
+                .prop_map(serde_json::Value::from),
         ];
         leaf.prop_recursive(4, 32, 6, |inner| {
             prop_oneof![
@@ -458,7 +488,10 @@ mod tests {
 
     fn arb_object() -> impl proptest::strategy::Strategy<Value = serde_json::Value> {
         use proptest::prelude::*;
-        proptest::collection::vec(("(model|messages|\"model\"|stream|k[0-9])", arb_json()), 0..6)
-            .prop_map(|kv| serde_json::Value::Object(kv.into_iter().collect()))
+        proptest::collection::vec(
+            ("(model|messages|\"model\"|stream|k[0-9])", arb_json()),
+            0..6,
+        )
+        .prop_map(|kv| serde_json::Value::Object(kv.into_iter().collect()))
     }
 }

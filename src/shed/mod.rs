@@ -22,19 +22,21 @@ impl Thresholds {
 
     /// Dynamo's validation messages, verbatim.
     pub fn validate(&self) -> Result<(), String> {
-        if let Some(v) = self.active_decode_blocks_threshold {
-            if !(v.is_finite() && (0.0..=1.0).contains(&v)) {
-                return Err(format!(
-                    "active_decode_blocks_threshold must be between 0.0 and 1.0, got {v}"
-                ));
-            }
+        if let Some(v) = self
+            .active_decode_blocks_threshold
+            .filter(|v| !(v.is_finite() && (0.0..=1.0).contains(v)))
+        {
+            return Err(format!(
+                "active_decode_blocks_threshold must be between 0.0 and 1.0, got {v}"
+            ));
         }
-        if let Some(v) = self.active_prefill_tokens_threshold_frac {
-            if !(v.is_finite() && v >= 0.0) {
-                return Err(format!(
-                    "active_prefill_tokens_threshold_frac must be a finite value greater than or equal to 0.0, got {v}"
-                ));
-            }
+        if let Some(v) = self
+            .active_prefill_tokens_threshold_frac
+            .filter(|v| !(v.is_finite() && *v >= 0.0))
+        {
+            return Err(format!(
+                "active_prefill_tokens_threshold_frac must be a finite value greater than or equal to 0.0, got {v}"
+            ));
         }
         Ok(())
     }
@@ -86,7 +88,10 @@ pub fn rank_busy(t: &Thresholds, load: &RankLoad, latch: &mut bool) -> bool {
     } else {
         *latch = false;
     }
-    if let (Some(limit), Some(tokens)) = (t.active_prefill_tokens_threshold, load.active_prefill_tokens) {
+    if let (Some(limit), Some(tokens)) = (
+        t.active_prefill_tokens_threshold,
+        load.active_prefill_tokens,
+    ) {
         busy |= tokens > limit;
     }
     if let (Some(frac), Some(max), Some(tokens)) = (
@@ -124,7 +129,13 @@ mod tests {
         }
     }
 
-    fn load(decode: Option<u64>, used: Option<u64>, prefill: Option<u64>, total: Option<u64>, max: Option<u64>) -> RankLoad {
+    fn load(
+        decode: Option<u64>,
+        used: Option<u64>,
+        prefill: Option<u64>,
+        total: Option<u64>,
+        max: Option<u64>,
+    ) -> RankLoad {
         RankLoad {
             active_decode_blocks: decode,
             kv_used_blocks: used,
@@ -138,22 +149,86 @@ mod tests {
     fn table() {
         let cases = [
             // (thresholds, load, busy)
-            (t(None, None, None), load(Some(1000), Some(1000), Some(1 << 30), Some(10), Some(1)), false),
-            (t(Some(0.85), None, None), load(Some(86), None, None, Some(100), None), true),
-            (t(Some(0.85), None, None), load(Some(85), None, None, Some(100), None), false),
-            (t(Some(0.85), None, None), load(None, Some(86), None, Some(100), None), true),
-            (t(Some(0.85), None, None), load(Some(99), None, None, None, None), false),
-            (t(Some(0.85), None, None), load(Some(99), None, None, Some(0), None), false),
-            (t(Some(0.0), None, None), load(Some(1), None, None, Some(100), None), true),
-            (t(Some(0.0), None, None), load(Some(0), None, None, Some(100), None), false),
-            (t(None, Some(100), None), load(None, None, Some(101), None, None), true),
-            (t(None, Some(100), None), load(None, None, Some(100), None, None), false),
-            (t(None, Some(100), None), load(None, None, None, None, None), false),
-            (t(None, None, Some(0.5)), load(None, None, Some(51), None, Some(100)), true),
-            (t(None, None, Some(0.5)), load(None, None, Some(50), None, Some(100)), false),
-            (t(None, None, Some(2.0)), load(None, None, Some(201), None, Some(100)), true),
-            (t(None, None, Some(0.5)), load(None, None, Some(1 << 40), None, None), false),
-            (t(Some(0.9), Some(10), None), load(Some(1), None, Some(11), Some(100), None), true),
+            (
+                t(None, None, None),
+                load(Some(1000), Some(1000), Some(1 << 30), Some(10), Some(1)),
+                false,
+            ),
+            (
+                t(Some(0.85), None, None),
+                load(Some(86), None, None, Some(100), None),
+                true,
+            ),
+            (
+                t(Some(0.85), None, None),
+                load(Some(85), None, None, Some(100), None),
+                false,
+            ),
+            (
+                t(Some(0.85), None, None),
+                load(None, Some(86), None, Some(100), None),
+                true,
+            ),
+            (
+                t(Some(0.85), None, None),
+                load(Some(99), None, None, None, None),
+                false,
+            ),
+            (
+                t(Some(0.85), None, None),
+                load(Some(99), None, None, Some(0), None),
+                false,
+            ),
+            (
+                t(Some(0.0), None, None),
+                load(Some(1), None, None, Some(100), None),
+                true,
+            ),
+            (
+                t(Some(0.0), None, None),
+                load(Some(0), None, None, Some(100), None),
+                false,
+            ),
+            (
+                t(None, Some(100), None),
+                load(None, None, Some(101), None, None),
+                true,
+            ),
+            (
+                t(None, Some(100), None),
+                load(None, None, Some(100), None, None),
+                false,
+            ),
+            (
+                t(None, Some(100), None),
+                load(None, None, None, None, None),
+                false,
+            ),
+            (
+                t(None, None, Some(0.5)),
+                load(None, None, Some(51), None, Some(100)),
+                true,
+            ),
+            (
+                t(None, None, Some(0.5)),
+                load(None, None, Some(50), None, Some(100)),
+                false,
+            ),
+            (
+                t(None, None, Some(2.0)),
+                load(None, None, Some(201), None, Some(100)),
+                true,
+            ),
+            (
+                t(None, None, Some(0.5)),
+                load(None, None, Some(1 << 40), None, None),
+                false,
+            ),
+            (
+                t(Some(0.9), Some(10), None),
+                load(Some(1), None, Some(11), Some(100), None),
+                true,
+            ),
         ];
         for (i, (th, l, want)) in cases.iter().enumerate() {
             let mut latch = false;
@@ -166,11 +241,23 @@ mod tests {
         let th = t(Some(0.5), None, None);
         let mut latch = false;
         // Push reports 60 used blocks (busy); tracked says 10: latch set by either.
-        assert!(rank_busy(&th, &load(Some(10), Some(60), None, Some(100), None), &mut latch));
+        assert!(rank_busy(
+            &th,
+            &load(Some(10), Some(60), None, Some(100), None),
+            &mut latch
+        ));
         // One publisher drops to 10 while the other still reports 60: stays busy.
-        assert!(rank_busy(&th, &load(Some(60), Some(10), None, Some(100), None), &mut latch));
+        assert!(rank_busy(
+            &th,
+            &load(Some(60), Some(10), None, Some(100), None),
+            &mut latch
+        ));
         // Both at or below: clears.
-        assert!(!rank_busy(&th, &load(Some(50), Some(10), None, Some(100), None), &mut latch));
+        assert!(!rank_busy(
+            &th,
+            &load(Some(50), Some(10), None, Some(100), None),
+            &mut latch
+        ));
         assert!(!latch);
     }
 

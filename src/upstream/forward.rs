@@ -161,7 +161,11 @@ async fn write_all(writer: &mut TcpOwnedWriteHalf, out: &mut Vec<u8>) -> io::Res
     res.map(drop)
 }
 
-async fn write_prefix(writer: &mut TcpOwnedWriteHalf, rbuf: &mut Vec<u8>, n: usize) -> io::Result<()> {
+async fn write_prefix(
+    writer: &mut TcpOwnedWriteHalf,
+    rbuf: &mut Vec<u8>,
+    n: usize,
+) -> io::Result<()> {
     let (res, slice) = writer.write_all(std::mem::take(rbuf).slice(..n)).await;
     *rbuf = slice.into_inner();
     res.map(drop)
@@ -189,7 +193,13 @@ async fn send<F: Future<Output = ReadDone>>(
     Ok(())
 }
 
-fn pick<F>(ctx: &CoreCtx, c: &Client<'_, F>, req: &Outbound<'_>, failed: u128, now: u64) -> Result<usize, Reject>
+fn pick<F>(
+    ctx: &CoreCtx,
+    c: &Client<'_, F>,
+    req: &Outbound<'_>,
+    failed: u128,
+    now: u64,
+) -> Result<usize, Reject>
 where
     F: Future<Output = ReadDone>,
 {
@@ -210,8 +220,16 @@ where
     };
     let n = model.members.len();
     if model.router_mode == RouterMode::Direct {
-        let id = req.worker_id.clone().map(|r| c.reader.buf().get(r).unwrap_or_default());
-        let name = |i: usize| snap.workers[model.members[i].worker as usize].cfg.name.as_bytes();
+        let id = req
+            .worker_id
+            .clone()
+            .map(|r| c.reader.buf().get(r).unwrap_or_default());
+        let name = |i: usize| {
+            snap.workers[model.members[i].worker as usize]
+                .cfg
+                .name
+                .as_bytes()
+        };
         return route::pick_direct(id, n, name, state).map_err(|r| match r {
             DirectRefusal::MissingHeader => Reject::DirectMissingHeader,
             DirectRefusal::UnknownWorker => Reject::DirectUnknownWorker,
@@ -220,7 +238,13 @@ where
         });
     }
     let mut rr = ctx.rr(model.id);
-    let picked = route::pick(model.router_mode, n, state, &mut rr, &mut ctx.rng.borrow_mut());
+    let picked = route::pick(
+        model.router_mode,
+        n,
+        state,
+        &mut rr,
+        &mut ctx.rng.borrow_mut(),
+    );
     ctx.set_rr(model.id, rr);
     match picked {
         Pick::Member(i) => Ok(i),
@@ -230,28 +254,44 @@ where
 }
 
 /// Forwards one request. On return the request's bytes are consumed from the client buffer.
-pub async fn forward<F: Future<Output = ReadDone>>(ctx: &CoreCtx, c: &mut Client<'_, F>, req: &Outbound<'_>) -> Forwarded {
+pub async fn forward<F: Future<Output = ReadDone>>(
+    ctx: &CoreCtx,
+    c: &mut Client<'_, F>,
+    req: &Outbound<'_>,
+) -> Forwarded {
     let snap = req.snap;
     let m = &req.model.metrics.cores[ctx.id];
     add(&m.inflight, 1);
     let result = exchange(ctx, c, req).await;
     sub(&m.inflight, 1);
     let outcome = match result {
-        Forwarded::Done { status, .. } => Outcome::of_status(status, snap.config.overload_status_code),
+        Forwarded::Done { status, .. } => {
+            Outcome::of_status(status, snap.config.overload_status_code)
+        }
         Forwarded::Reject(r) => r.outcome(),
         Forwarded::Abort(o) => o,
     };
-    if matches!(result, Forwarded::Reject(Reject::Overloaded | Reject::DirectBusy)) {
+    if matches!(
+        result,
+        Forwarded::Reject(Reject::Overloaded | Reject::DirectBusy)
+    ) {
         m.rejected(req.endpoint);
     }
     m.request_done(req.endpoint, req.request_type, outcome);
     if !matches!(result, Forwarded::Reject(_)) {
-        m.duration.observe(&crate::metrics::DURATION_BUCKETS, req.started.elapsed().as_secs_f64());
+        m.duration.observe(
+            &crate::metrics::DURATION_BUCKETS,
+            req.started.elapsed().as_secs_f64(),
+        );
     }
     result
 }
 
-async fn exchange<F: Future<Output = ReadDone>>(ctx: &CoreCtx, c: &mut Client<'_, F>, req: &Outbound<'_>) -> Forwarded {
+async fn exchange<F: Future<Output = ReadDone>>(
+    ctx: &CoreCtx,
+    c: &mut Client<'_, F>,
+    req: &Outbound<'_>,
+) -> Forwarded {
     let snap = req.snap;
     let limits = &snap.config.limits;
     let model = req.model;
@@ -273,12 +313,17 @@ async fn exchange<F: Future<Output = ReadDone>>(ctx: &CoreCtx, c: &mut Client<'_
         let pos = match pick(ctx, c, req, failed, now) {
             Ok(pos) => pos,
             Err(r) => {
-                c.reader.as_mut().consume(req.request_end, crate::http::limits::INITIAL_READ_BUF);
+                c.reader
+                    .as_mut()
+                    .consume(req.request_end, crate::http::limits::INITIAL_READ_BUF);
                 return Forwarded::Reject(r);
             }
         };
         let worker = &snap.workers[model.members[pos].worker as usize];
-        let pooled = ctx.pools.borrow_mut().take(worker.state.slot, now, limits.pool_idle_timeout_ms);
+        let pooled =
+            ctx.pools
+                .borrow_mut()
+                .take(worker.state.slot, now, limits.pool_idle_timeout_ms);
         let reused = pooled.is_some();
         let mut stream = match pooled {
             Some(s) => s,
@@ -298,30 +343,44 @@ async fn exchange<F: Future<Output = ReadDone>>(ctx: &CoreCtx, c: &mut Client<'_
             Err(e) if reused => {
                 tracing::debug!(worker = %worker.cfg.name, error = %e, "pooled connection failed on write; retrying fresh");
                 add(&ctx.counters().upstream_reuse_retries, 1);
-                let Some(mut fresh) = connect_worker(ctx, worker, clock::now_ms(), limits).await else {
+                let Some(mut fresh) = connect_worker(ctx, worker, clock::now_ms(), limits).await
+                else {
                     failed |= 1u128.checked_shl(pos as u32).unwrap_or(0);
                     continue;
                 };
                 match send(&mut fresh, c, separate_body.clone()).await {
                     Ok(()) => break (pos, fresh),
                     Err(_) => {
-                        c.reader.as_mut().consume(req.request_end, crate::http::limits::INITIAL_READ_BUF);
-                        return Forwarded::Reject(Reject::BadGateway("the worker closed the connection"));
+                        c.reader
+                            .as_mut()
+                            .consume(req.request_end, crate::http::limits::INITIAL_READ_BUF);
+                        return Forwarded::Reject(Reject::BadGateway(
+                            "the worker closed the connection",
+                        ));
                     }
                 }
             }
             Err(e) => {
                 tracing::warn!(worker = %worker.cfg.name, error = %e, "sending the request failed");
-                c.reader.as_mut().consume(req.request_end, crate::http::limits::INITIAL_READ_BUF);
+                c.reader
+                    .as_mut()
+                    .consume(req.request_end, crate::http::limits::INITIAL_READ_BUF);
                 return Forwarded::Reject(Reject::BadGateway("the worker closed the connection"));
             }
         }
     };
-    c.reader.as_mut().consume(req.request_end, crate::http::limits::INITIAL_READ_BUF);
+    c.reader
+        .as_mut()
+        .consume(req.request_end, crate::http::limits::INITIAL_READ_BUF);
     c.out.clear();
 
     let worker = &snap.workers[model.members[pos].worker as usize];
-    let mut tracked = Tracked::start(&worker.state, ctx.id, req.prompt_tokens, worker.cfg.block_size);
+    let mut tracked = Tracked::start(
+        &worker.state,
+        ctx.id,
+        req.prompt_tokens,
+        worker.cfg.block_size,
+    );
 
     // Watch the client from now on: a disconnect ends the exchange at once.
     c.reader.as_mut().watch();
@@ -337,7 +396,9 @@ async fn exchange<F: Future<Output = ReadDone>>(ctx: &CoreCtx, c: &mut Client<'_
             }
             Err(Interrupt::Timeout) => return Forwarded::Reject(Reject::GatewayTimeout),
             Ok(Ok(0)) | Ok(Err(_)) => {
-                return Forwarded::Reject(Reject::BadGateway("the worker closed the connection before responding"));
+                return Forwarded::Reject(Reject::BadGateway(
+                    "the worker closed the connection before responding",
+                ));
             }
             Ok(Ok(_)) => {}
         }
@@ -351,22 +412,43 @@ async fn exchange<F: Future<Output = ReadDone>>(ctx: &CoreCtx, c: &mut Client<'_
                 continue;
             }
             Ok(true) => break,
-            Err(HttpError::HeaderTooLarge) => return Forwarded::Reject(Reject::BadGateway("response head too large")),
-            Err(_) => return Forwarded::Reject(Reject::BadGateway("malformed response from the worker")),
+            Err(HttpError::HeaderTooLarge) => {
+                return Forwarded::Reject(Reject::BadGateway("response head too large"));
+            }
+            Err(_) => {
+                return Forwarded::Reject(Reject::BadGateway("malformed response from the worker"));
+            }
         }
     }
 
-    let relayed = relay(ctx, c, req, &mut stream, &resp, &mut tracked, first_byte_timeout).await;
+    let relayed = relay(
+        ctx,
+        c,
+        req,
+        &mut stream,
+        &resp,
+        &mut tracked,
+        first_byte_timeout,
+    )
+    .await;
     drop(tracked);
     match relayed {
         Ok(reusable) => {
             if reusable {
-                ctx.pools
-                    .borrow_mut()
-                    .put(worker.state.slot, stream, clock::now_ms(), limits.pool_max_idle_per_worker);
+                ctx.pools.borrow_mut().put(
+                    worker.state.slot,
+                    stream,
+                    clock::now_ms(),
+                    limits.pool_max_idle_per_worker,
+                );
             }
-            let keep_alive = req.client_keep_alive && ClientFraming::for_response(resp.framing(), req.client_minor).allows_keep_alive();
-            Forwarded::Done { keep_alive, status: resp.status }
+            let keep_alive = req.client_keep_alive
+                && ClientFraming::for_response(resp.framing(), req.client_minor)
+                    .allows_keep_alive();
+            Forwarded::Done {
+                keep_alive,
+                status: resp.status,
+            }
         }
         Err(outcome) => Forwarded::Abort(outcome),
     }
@@ -385,9 +467,11 @@ async fn connect_worker(
             Some(s)
         }
         Err(e) => {
-            let backoff = worker
-                .state
-                .mark_down(now, limits.worker_down_backoff_ms, limits.worker_down_backoff_max_ms);
+            let backoff = worker.state.mark_down(
+                now,
+                limits.worker_down_backoff_ms,
+                limits.worker_down_backoff_max_ms,
+            );
             add(&ctx.counters().upstream_connect_failures, 1);
             tracing::warn!(worker = %worker.cfg.name, url = %worker.cfg.url, error = %e, backoff_ms = backoff, "worker unreachable; marked down");
             None
@@ -405,7 +489,11 @@ enum Body {
 
 impl Body {
     /// Bytes of `buf` belonging to the body (to forward now) and whether it is complete.
-    fn advance(&mut self, buf: &[u8], on_data: &mut impl FnMut(&[u8])) -> Result<(usize, bool), HttpError> {
+    fn advance(
+        &mut self,
+        buf: &[u8],
+        on_data: &mut impl FnMut(&[u8]),
+    ) -> Result<(usize, bool), HttpError> {
         match self {
             Body::Length(remaining) => {
                 let take = (*remaining).min(buf.len() as u64) as usize;
@@ -449,7 +537,15 @@ async fn relay<F: Future<Output = ReadDone>>(
     let framing = resp.framing();
     let cf = ClientFraming::for_response(framing, req.client_minor);
     let keep_client = req.client_keep_alive && cf.allows_keep_alive();
-    client_response_head(c.out, c.rbuf, resp, cf, c.request_id, keep_client, req.client_minor);
+    client_response_head(
+        c.out,
+        c.rbuf,
+        resp,
+        cf,
+        c.request_id,
+        keep_client,
+        req.client_minor,
+    );
     c.rbuf.drain(..resp.head_len);
 
     let mut body = match framing {
@@ -478,9 +574,11 @@ async fn relay<F: Future<Output = ReadDone>>(
             if first {
                 first = false;
                 tracked.first_byte();
-                m.ttft.observe(&TTFT_BUCKETS, now.duration_since(req.started).as_secs_f64());
+                m.ttft
+                    .observe(&TTFT_BUCKETS, now.duration_since(req.started).as_secs_f64());
             } else if req.request_type == RequestType::Stream {
-                m.itl.observe(&ITL_BUCKETS, now.duration_since(last_data).as_secs_f64());
+                m.itl
+                    .observe(&ITL_BUCKETS, now.duration_since(last_data).as_secs_f64());
             }
             last_data = now;
             tracked.generated(events);
@@ -510,7 +608,10 @@ async fn relay<F: Future<Output = ReadDone>>(
         c.rbuf.drain(..take);
         if done {
             // Bytes past the end of the message: the connection is out of step; drop it.
-            return Ok(resp.reusable && !eof && c.rbuf.is_empty() && framing != BodyFraming::UntilClose);
+            return Ok(resp.reusable
+                && !eof
+                && c.rbuf.is_empty()
+                && framing != BodyFraming::UntilClose);
         }
         match read_upstream(stream, c.rbuf, &mut c.reader, Instant::now() + gap_timeout).await {
             Ok(Ok(0)) if matches!(body, Body::UntilClose) => eof = true,

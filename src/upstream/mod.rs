@@ -78,7 +78,11 @@ fn is_open(stream: &TcpStream) -> bool {
     use nix::sys::socket::{MsgFlags, recv};
     let mut byte = [0u8; 1];
     matches!(
-        recv(stream.as_raw_fd(), &mut byte, MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT),
+        recv(
+            stream.as_raw_fd(),
+            &mut byte,
+            MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT
+        ),
         Err(nix::errno::Errno::EAGAIN)
     )
 }
@@ -87,7 +91,13 @@ fn is_open(stream: &TcpStream) -> bool {
 pub async fn sweep_pools(ctx: Rc<CoreCtx>) {
     loop {
         monoio::time::sleep(Duration::from_secs(1)).await;
-        let timeout = ctx.shared.snapshot.load().config.limits.pool_idle_timeout_ms;
+        let timeout = ctx
+            .shared
+            .snapshot
+            .load()
+            .config
+            .limits
+            .pool_idle_timeout_ms;
         ctx.pools.borrow_mut().sweep(clock::now_ms(), timeout);
     }
 }
@@ -101,9 +111,12 @@ pub enum ConnectError {
 }
 
 pub async fn connect(addr: SocketAddr, timeout_ms: u64) -> Result<TcpStream, ConnectError> {
-    let stream = monoio::time::timeout(Duration::from_millis(timeout_ms), TcpStream::connect_addr(addr))
-        .await
-        .map_err(|_| ConnectError::Timeout)??;
+    let stream = monoio::time::timeout(
+        Duration::from_millis(timeout_ms),
+        TcpStream::connect_addr(addr),
+    )
+    .await
+    .map_err(|_| ConnectError::Timeout)??;
     let _ = stream.set_nodelay(true);
     Ok(stream)
 }
@@ -123,7 +136,12 @@ pub struct Tracked<'a> {
 }
 
 impl<'a> Tracked<'a> {
-    pub fn start(state: &'a WorkerState, core: usize, prompt_tokens: u64, block_size: u32) -> Tracked<'a> {
+    pub fn start(
+        state: &'a WorkerState,
+        core: usize,
+        prompt_tokens: u64,
+        block_size: u32,
+    ) -> Tracked<'a> {
         let block_size = u64::from(block_size.max(1));
         let blocks = prompt_tokens.div_ceil(block_size);
         let cell = &state.tracked[core];
@@ -157,7 +175,10 @@ impl<'a> Tracked<'a> {
         self.generated += n;
         let blocks = (self.prompt_tokens + self.generated).div_ceil(self.block_size);
         if blocks > self.blocks {
-            add(&self.state.tracked[self.core].decode_blocks, blocks - self.blocks);
+            add(
+                &self.state.tracked[self.core].decode_blocks,
+                blocks - self.blocks,
+            );
             self.blocks = blocks;
         }
     }
@@ -186,7 +207,11 @@ mod tests {
 
     #[test]
     fn tracked_load_returns_to_zero() {
-        let cfg = Config::parse("[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n", &Overrides::default()).unwrap();
+        let cfg = Config::parse(
+            "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
+            &Overrides::default(),
+        )
+        .unwrap();
         let snap = Registry::new(2).build(cfg);
         let state = &snap.workers[0].state;
         {

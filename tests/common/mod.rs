@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Test kit: in-process fake upstreams on port 0 (plain threads, blocking sockets), a raw
 //! HTTP/1.1 client, and a proxy started in-process from a TOML snippet.
 #![allow(dead_code)]
@@ -24,7 +25,10 @@ pub struct Seen {
 
 impl Seen {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
     pub fn body_str(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
@@ -120,11 +124,18 @@ pub fn echo_upstream(name: &'static str) -> Upstream {
     upstream(move |_| Reply::Raw(json_response(200, &format!(r#"{{"worker":"{name}"}}"#))))
 }
 
-fn serve_upstream(id: usize, mut stream: TcpStream, state: &UpstreamState, handler: &(dyn Fn(&Seen) -> Reply + Send + Sync)) {
+fn serve_upstream(
+    id: usize,
+    mut stream: TcpStream,
+    state: &UpstreamState,
+    handler: &(dyn Fn(&Seen) -> Reply + Send + Sync),
+) {
     let _ = stream.set_nodelay(true);
     let mut buf = Vec::new();
     loop {
-        let Some(seen) = read_request(&mut stream, &mut buf, id) else { return };
+        let Some(seen) = read_request(&mut stream, &mut buf, id) else {
+            return;
+        };
         let n = state.active.fetch_add(1, Ordering::SeqCst) + 1;
         state.max_active.fetch_max(n, Ordering::SeqCst);
         state.seen.lock().unwrap().push(seen.clone());
@@ -179,7 +190,12 @@ fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>, conn: usize) -> Optio
             let headers: Vec<(String, String)> = req
                 .headers
                 .iter()
-                .map(|h| (h.name.to_string(), String::from_utf8_lossy(h.value).into_owned()))
+                .map(|h| {
+                    (
+                        h.name.to_string(),
+                        String::from_utf8_lossy(h.value).into_owned(),
+                    )
+                })
                 .collect();
             let len: usize = headers
                 .iter()
@@ -195,7 +211,13 @@ fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>, conn: usize) -> Optio
             }
             let body = buf[n..n + len].to_vec();
             buf.drain(..n + len);
-            return Some(Seen { method, path, headers, body, conn });
+            return Some(Seen {
+                method,
+                path,
+                headers,
+                body,
+                conn,
+            });
         }
         if !fill(stream, buf) {
             return None;
@@ -226,7 +248,8 @@ pub fn chunk(data: &str) -> Vec<u8> {
     format!("{:x}\r\n{data}\r\n", data.len()).into_bytes()
 }
 
-pub const SSE_HEAD: &str = "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
+pub const SSE_HEAD: &str =
+    "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n";
 
 // ---------------------------------------------------------------------------- proxy
 
@@ -239,8 +262,12 @@ pub fn proxy_with(cores: usize, toml: &str, overrides: spillway::Overrides) -> S
     let text = format!(
         "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\ncores = {cores}\npin_cores = false\n{toml}"
     );
-    let config = spillway::Config::parse(&text, &overrides).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    let source = spillway::monitor::ConfigSource { path: None, overrides };
+    let config =
+        spillway::Config::parse(&text, &overrides).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    let source = spillway::monitor::ConfigSource {
+        path: None,
+        overrides,
+    };
     spillway::start(config, source).expect("proxy starts")
 }
 
@@ -248,7 +275,10 @@ pub fn proxy_with(cores: usize, toml: &str, overrides: spillway::Overrides) -> S
 pub fn model(name: &str, extra: &str, urls: &[String]) -> String {
     let mut s = format!("[[models]]\nname = \"{name}\"\n{extra}\n");
     for u in urls {
-        s.push_str(&format!("[[models.workers]]\nurl = \"{u}\"\nname = \"{}\"\n", worker_name(u)));
+        s.push_str(&format!(
+            "[[models.workers]]\nurl = \"{u}\"\nname = \"{}\"\n",
+            worker_name(u)
+        ));
     }
     s
 }
@@ -271,7 +301,10 @@ pub struct Response {
 
 impl Response {
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
     }
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.body).into_owned()
@@ -289,9 +322,14 @@ pub struct Client {
 impl Client {
     pub fn connect(addr: SocketAddr) -> Client {
         let stream = TcpStream::connect(addr).expect("connect");
-        stream.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
         let _ = stream.set_nodelay(true);
-        Client { stream, buf: Vec::new() }
+        Client {
+            stream,
+            buf: Vec::new(),
+        }
     }
 
     pub fn send(&mut self, raw: &[u8]) {
@@ -313,14 +351,26 @@ impl Client {
                     let headers: Vec<(String, String)> = r
                         .headers
                         .iter()
-                        .map(|h| (h.name.to_ascii_lowercase(), String::from_utf8_lossy(h.value).into_owned()))
+                        .map(|h| {
+                            (
+                                h.name.to_ascii_lowercase(),
+                                String::from_utf8_lossy(h.value).into_owned(),
+                            )
+                        })
                         .collect();
                     break (r.code.unwrap(), headers, n);
                 }
                 Ok(httparse::Status::Partial) => {}
-                Err(e) => panic!("bad response: {e}: {:?}", String::from_utf8_lossy(&self.buf)),
+                Err(e) => panic!(
+                    "bad response: {e}: {:?}",
+                    String::from_utf8_lossy(&self.buf)
+                ),
             }
-            assert!(self.fill(), "connection closed before a response head: {:?}", String::from_utf8_lossy(&self.buf));
+            assert!(
+                self.fill(),
+                "connection closed before a response head: {:?}",
+                String::from_utf8_lossy(&self.buf)
+            );
         };
         self.buf.drain(..n);
         let get = |k: &str| headers.iter().find(|(h, _)| h == k).map(|(_, v)| v.clone());
@@ -337,7 +387,9 @@ impl Client {
         } else if get("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
             loop {
                 let (size, n) = loop {
-                    if let Ok(httparse::Status::Complete((n, size))) = httparse::parse_chunk_size(&self.buf) {
+                    if let Ok(httparse::Status::Complete((n, size))) =
+                        httparse::parse_chunk_size(&self.buf)
+                    {
                         break (size as usize, n);
                     }
                     assert!(self.fill(), "closed mid-chunk-size");
@@ -359,7 +411,12 @@ impl Client {
             body = std::mem::take(&mut self.buf);
             pieces.push((Instant::now(), body.clone()));
         }
-        Response { status, headers, body, pieces }
+        Response {
+            status,
+            headers,
+            body,
+            pieces,
+        }
     }
 
     pub fn response(&mut self) -> Response {
@@ -373,7 +430,12 @@ impl Client {
             match self.stream.read(&mut tmp) {
                 Ok(0) => return true,
                 Ok(n) => self.buf.extend_from_slice(&tmp[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock || e.kind() == std::io::ErrorKind::TimedOut => return false,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut =>
+                {
+                    return false;
+                }
                 Err(_) => return true,
             }
         }
@@ -401,7 +463,10 @@ pub fn post(path: &str, body: &str) -> Vec<u8> {
 }
 
 pub fn chat(model: &str) -> Vec<u8> {
-    post("/v1/chat/completions", &format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#))
+    post(
+        "/v1/chat/completions",
+        &format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#),
+    )
 }
 
 pub fn get(path: &str) -> Vec<u8> {

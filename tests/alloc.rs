@@ -1,0 +1,128 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! Proof of the zero-allocation data path: a counting global allocator sees no heap
+//! allocation while the proxy serves steady keep-alive traffic (small JSON request,
+//! Content-Length response). The client and the fake worker here use fixed buffers and
+//! std sockets, so every allocation counted would be the proxy's.
+#![allow(unsafe_code)]
+
+mod common;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; counting has no
+// effect on the memory handed out.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const REQUEST: &[u8] = b"POST /v1/chat/completions HTTP/1.1\r\nHost: spillway\r\nContent-Type: application/json\r\n\
+Content-Length: 72\r\n\r\n{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"say hi\"}],\"stream\":0}";
+const RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 27\r\n\r\n{\"choices\":[{\"text\":\"hi\"}]}";
+
+/// Reads one HTTP message (head + Content-Length body) into `buf`; returns its length.
+fn read_message(s: &mut TcpStream, buf: &mut [u8]) -> Option<usize> {
+    let mut filled = 0;
+    loop {
+        let n = s.read(&mut buf[filled..]).ok()?;
+        if n == 0 {
+            return None;
+        }
+        filled += n;
+        let data = &buf[..filled];
+        let Some(head_end) = data.windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let head = &data[..head_end];
+        let len = head
+            .split(|&b| b == b'\n')
+            .find_map(|line| {
+                let line = line.strip_suffix(b"\r").unwrap_or(line);
+                let (k, v) = line.split_at(line.iter().position(|&b| b == b':')?);
+                k.eq_ignore_ascii_case(b"content-length").then(|| {
+                    v[1..]
+                        .trim_ascii()
+                        .iter()
+                        .fold(0usize, |a, d| a * 10 + usize::from(d - b'0'))
+                })
+            })
+            .unwrap_or(0);
+        if filled >= head_end + 4 + len {
+            return Some(filled);
+        }
+    }
+}
+
+#[test]
+fn steady_state_proxying_allocates_nothing() {
+    assert_eq!(
+        REQUEST.len() - REQUEST.windows(4).position(|w| w == b"\r\n\r\n").unwrap() - 4,
+        72
+    );
+    let worker = TcpListener::bind("127.0.0.1:0").unwrap();
+    let worker_url = format!("http://{}", worker.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for s in worker.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let _ = s.set_nodelay(true);
+                let mut buf = [0u8; 4096];
+                while read_message(&mut s, &mut buf).is_some() {
+                    if s.write_all(RESPONSE).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    let p = common::proxy(1, &common::model("m", "", &[worker_url]));
+    let mut client = TcpStream::connect(p.data_addr).unwrap();
+    client.set_nodelay(true).unwrap();
+    let mut buf = [0u8; 4096];
+    let mut round = |client: &mut TcpStream| {
+        client.write_all(REQUEST).unwrap();
+        let n = read_message(client, &mut buf).unwrap();
+        assert!(buf[..n].starts_with(b"HTTP/1.1 200 OK\r\n"));
+    };
+    for _ in 0..500 {
+        round(&mut client);
+    }
+    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    assert!(before > 0, "the counting allocator is not installed");
+    const N: u64 = 5_000;
+    for _ in 0..N {
+        round(&mut client);
+    }
+    let allocations = ALLOCATIONS.load(Ordering::SeqCst) - before;
+    assert_eq!(
+        allocations, 0,
+        "{allocations} heap allocations over {N} proxied requests"
+    );
+}
