@@ -6,10 +6,13 @@ use spillway::cli::{Cli, Command, load_config};
 use spillway::monitor::ConfigSource;
 
 fn main() -> anyhow::Result<()> {
+    use std::io::IsTerminal as _;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
     let overrides = cli.knobs.overrides(|k| std::env::var(k).ok());

@@ -1,5 +1,8 @@
-//! The admin listener: health, liveness, metrics and the control APIs. Runs on the
-//! monitor thread; request bodies are size-limited.
+//! The admin listener: health, liveness, metrics and the control APIs (`/busy_threshold`,
+//! `/load`). Runs on the monitor thread, so handlers act on monitor state directly and a
+//! threshold change is published to every core before the reply goes out.
+
+pub mod thresholds;
 
 use std::cell::RefCell;
 use std::rc::Rc;
@@ -8,14 +11,17 @@ use std::sync::atomic::Ordering;
 use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
+use serde::Serialize;
 
+use crate::core::clock;
 use crate::http::canned::{canonical_reason, status_line};
 use crate::http::request::{RequestHead, parse_request};
 use crate::http::{BodyFraming, Method};
 use crate::monitor::Control;
+use crate::monitor::load::LoadEvents;
 
-/// Largest admin request body.
-pub const MAX_ADMIN_BODY: usize = 1024 * 1024;
+/// Largest admin request body (a `/load` batch for 1,000 workers × 8 ranks fits).
+pub const MAX_ADMIN_BODY: usize = 8 * 1024 * 1024;
 const MAX_ADMIN_HEAD: usize = 16 * 1024;
 
 /// An admin response: status, content type, body.
@@ -27,11 +33,11 @@ pub struct Reply {
 }
 
 impl Reply {
-    pub fn json(status: u16, value: &serde_json::Value) -> Reply {
+    pub fn json(status: u16, value: &impl Serialize) -> Reply {
         Reply {
             status,
             content_type: "application/json",
-            body: value.to_string().into_bytes(),
+            body: serde_json::to_vec(value).unwrap_or_default(),
         }
     }
 
@@ -41,43 +47,67 @@ impl Reply {
     }
 }
 
+/// The parts of an admin request handlers look at.
+#[derive(Debug)]
+pub struct Request<'a> {
+    pub method: Method,
+    pub path: &'a [u8],
+    pub content_type: Option<&'a [u8]>,
+    pub body: &'a [u8],
+}
+
+impl Request<'_> {
+    /// 415 unless the body is declared JSON (`application/json`, any parameters).
+    pub fn require_json(&self) -> Result<(), Reply> {
+        let ct = self.content_type.unwrap_or_default();
+        let essence = ct
+            .split(|&b| b == b';')
+            .next()
+            .unwrap_or_default()
+            .trim_ascii();
+        if essence.eq_ignore_ascii_case(b"application/json") {
+            Ok(())
+        } else {
+            Err(Reply::error(
+                415,
+                "Expected request with Content-Type application/json",
+            ))
+        }
+    }
+}
+
 pub async fn serve(control: Rc<RefCell<Control>>, mut stream: TcpStream) {
     let _ = stream.set_nodelay(true);
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut head = RequestHead::default();
     loop {
-        // Head.
         let parsed = loop {
-            match parse_request(&buf, MAX_ADMIN_HEAD, MAX_ADMIN_BODY as u64, &mut head) {
+            match parse_request(&buf, MAX_ADMIN_HEAD, u64::MAX, &mut head) {
                 Ok(true) => break Ok(()),
                 Ok(false) => {}
                 Err(e) => break Err(e),
             }
-            if buf.capacity() - buf.len() < 1024 {
-                buf.reserve(4096);
-            }
-            let len = buf.len();
-            let (res, slice) = stream.read(buf.slice_mut(len..)).await;
-            buf = slice.into_inner();
-            match res {
-                Ok(n) if n > 0 => {}
-                _ => return,
+            if !read_more(&mut stream, &mut buf).await {
+                return;
             }
         };
         if let Err(e) = parsed {
-            let status = e.status();
             let _ = write(
                 &mut stream,
-                Reply::error(status, e.to_string()),
+                Reply::error(e.status(), e.to_string()),
                 false,
                 true,
             )
             .await;
             return;
         }
-        // Body (Content-Length only on the admin side; chunked is refused).
         let body_len = match head.body {
             BodyFraming::None => 0,
+            BodyFraming::Length(n) if n as usize > MAX_ADMIN_BODY => {
+                let msg = format!("Request body exceeds the limit of {MAX_ADMIN_BODY} bytes");
+                let _ = write(&mut stream, Reply::error(413, msg), false, true).await;
+                return;
+            }
             BodyFraming::Length(n) => n as usize,
             _ => {
                 let _ = write(
@@ -91,19 +121,21 @@ pub async fn serve(control: Rc<RefCell<Control>>, mut stream: TcpStream) {
             }
         };
         let total = head.head_len + body_len;
+        buf.reserve(total.saturating_sub(buf.len()));
         while buf.len() < total {
-            buf.reserve(total - buf.len());
-            let len = buf.len();
-            let (res, slice) = stream.read(buf.slice_mut(len..)).await;
-            buf = slice.into_inner();
-            match res {
-                Ok(n) if n > 0 => {}
-                _ => return,
+            if !read_more(&mut stream, &mut buf).await {
+                return;
             }
         }
         let keep = head.keep_alive;
         let with_body = head.method != Method::Head;
-        let reply = route(&control, &head, &buf[..total]).await;
+        let req = Request {
+            method: head.method,
+            path: head.path(&buf),
+            content_type: head.content_type.map(|s| s.get(&buf)),
+            body: &buf[head.head_len..total],
+        };
+        let reply = route(&control, &req);
         buf.drain(..total);
         if !write(&mut stream, reply, keep, with_body).await || !keep {
             return;
@@ -111,10 +143,19 @@ pub async fn serve(control: Rc<RefCell<Control>>, mut stream: TcpStream) {
     }
 }
 
-async fn route(control: &Rc<RefCell<Control>>, head: &RequestHead, raw: &[u8]) -> Reply {
-    let path = head.path(raw);
+async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
+    if buf.capacity() - buf.len() < 1024 {
+        buf.reserve(4096);
+    }
+    let len = buf.len();
+    let (res, slice) = stream.read(std::mem::take(buf).slice_mut(len..)).await;
+    *buf = slice.into_inner();
+    matches!(res, Ok(n) if n > 0)
+}
+
+fn route(control: &Rc<RefCell<Control>>, req: &Request<'_>) -> Reply {
     let draining = control.borrow().shared.draining.load(Ordering::Relaxed);
-    match (head.method, path) {
+    match (req.method, req.path) {
         (Method::Get | Method::Head, b"/health") if draining => {
             Reply::json(503, &serde_json::json!({"status": "draining"}))
         }
@@ -127,9 +168,100 @@ async fn route(control: &Rc<RefCell<Control>>, head: &RequestHead, raw: &[u8]) -
         (Method::Get | Method::Head, b"/live") => {
             Reply::json(200, &serde_json::json!({"status": "live"}))
         }
-        (_, b"/health" | b"/live") => Reply::error(405, "Method not allowed"),
+        (Method::Get | Method::Head, b"/metrics") => Reply {
+            status: 200,
+            content_type: "text/plain; version=0.0.4; charset=utf-8",
+            body: crate::metrics::expose::render(&control.borrow()),
+        },
+        (Method::Get, b"/busy_threshold") => thresholds::list(&control.borrow()),
+        (Method::Post, b"/busy_threshold") => thresholds::post(&mut control.borrow_mut(), req),
+        (Method::Delete, b"/busy_threshold") => thresholds::delete(&mut control.borrow_mut(), req),
+        (Method::Post, b"/load") => push_load(&mut control.borrow_mut(), req),
+        (Method::Get, b"/load") => load_state(&control.borrow()),
+        (_, b"/health" | b"/live" | b"/metrics" | b"/busy_threshold" | b"/load") => {
+            Reply::error(405, "Method not allowed")
+        }
         _ => Reply::error(404, "Not found"),
     }
+}
+
+/// `POST /load`: one load event or an array; all checked before any is applied.
+fn push_load(control: &mut Control, req: &Request<'_>) -> Reply {
+    if let Err(r) = req.require_json() {
+        return r;
+    }
+    let events = match serde_json::from_slice::<LoadEvents>(req.body) {
+        Ok(e) => e.into_vec(),
+        Err(e) => return Reply::error(400, format!("Invalid load event: {e}")),
+    };
+    let snap = control.shared.snapshot.load_full();
+    match control.monitor.table.push(&snap, &events, clock::now_ms()) {
+        Ok(n) => {
+            control.republish();
+            Reply::json(200, &serde_json::json!({ "accepted": n }))
+        }
+        Err(e) => Reply::error(e.status(), e.to_string()),
+    }
+}
+
+/// `GET /load`: what the monitor currently believes, per worker and rank.
+fn load_state(control: &Control) -> Reply {
+    let snap = control.shared.snapshot.load_full();
+    let now = clock::now_ms();
+    let staleness = snap.config.load_staleness_ms;
+    let published = control.monitor.published();
+    let workers: Vec<_> = snap
+        .workers
+        .iter()
+        .map(|w| {
+            let load = control
+                .monitor
+                .table
+                .workers
+                .get(&w.state.slot)
+                .cloned()
+                .unwrap_or_default();
+            let ranks: Vec<_> = (0..load.dp_size(&w.cfg))
+                .map(|r| {
+                    let e = load.effective(r, &w.cfg, now, staleness);
+                    serde_json::json!({
+                        "dp_rank": r,
+                        "active_decode_blocks": e.active_decode_blocks,
+                        "kv_used_blocks": e.kv_used_blocks,
+                        "active_prefill_tokens": e.active_prefill_tokens,
+                        "kv_total_blocks": e.kv_total_blocks,
+                        "max_num_batched_tokens": e.max_num_batched_tokens,
+                    })
+                })
+                .collect();
+            let busy_in: Vec<_> = snap
+                .models
+                .iter()
+                .filter(|m| {
+                    m.members.iter().any(|mm| {
+                        snap.workers[mm.worker as usize].state.slot == w.state.slot
+                            && published.is_busy(mm.id)
+                    })
+                })
+                .map(|m| m.name.to_string())
+                .collect();
+            serde_json::json!({
+                "worker_id": w.cfg.name,
+                "url": w.cfg.url,
+                "down": w.state.is_down(now),
+                "busy_in": busy_in,
+                "inflight": w.state.inflight_total(),
+                "last_push_age_ms": load.last_push.map(|t| now.saturating_sub(t)),
+                "last_scrape_age_ms": load.last_scrape.map(|t| now.saturating_sub(t)),
+                "scrape_error": load.scrape_error,
+                "ranks": ranks,
+            })
+        })
+        .collect();
+    Reply::json(
+        200,
+        &serde_json::json!({ "generation": published.generation, "workers": workers }),
+    )
 }
 
 async fn write(stream: &mut TcpStream, reply: Reply, keep_alive: bool, with_body: bool) -> bool {

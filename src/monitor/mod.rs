@@ -2,20 +2,29 @@
 //! publishes the busy set to every core's replica. It also hosts the admin listener, so
 //! admin calls act on monitor state directly, without locks or cross-thread hops.
 
+pub mod load;
+pub mod scrape;
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
 use std::net::TcpListener as StdListener;
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::path::PathBuf;
 use std::rc::Rc;
 use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+use std::time::Duration;
 
 use monoio::io::AsyncReadRent;
 
 use crate::config::Overrides;
-use crate::config::snapshot::Registry;
-use crate::core::Shared;
+use crate::config::snapshot::{Registry, Snapshot};
+use crate::core::{Shared, clock};
+use crate::shed::Thresholds;
+use load::{Latches, LoadTable, Timed};
 
 /// The busy set as published: immutable, one per publish, read lock-free by the cores.
-#[derive(Debug, Default)]
+#[derive(Debug, Default, Clone)]
 pub struct BusySet {
     pub generation: u64,
     /// Bit per model id: a threshold is configured, so busy members are excluded.
@@ -24,6 +33,20 @@ pub struct BusySet {
     busy: Vec<u64>,
     /// Per member id: load in permille of the fullest known signal (least-loaded ties).
     load: Vec<u16>,
+}
+
+impl PartialEq for BusySet {
+    /// Same content (the generation is not content).
+    fn eq(&self, other: &Self) -> bool {
+        fn trimmed(v: &[u64]) -> &[u64] {
+            let n = v.iter().rposition(|w| *w != 0).map_or(0, |i| i + 1);
+            &v[..n]
+        }
+        let loads = |v: &[u16]| v.iter().rposition(|l| *l != 0).map_or(0, |i| i + 1);
+        trimmed(&self.enabled) == trimmed(&other.enabled)
+            && trimmed(&self.busy) == trimmed(&other.busy)
+            && self.load[..loads(&self.load)] == other.load[..loads(&other.load)]
+    }
 }
 
 fn bit(words: &[u64], i: u32) -> bool {
@@ -72,8 +95,11 @@ impl BusySet {
         self.load[i] = permille;
     }
 
-    pub fn busy_count(&self) -> u32 {
-        self.busy.iter().map(|w| w.count_ones()).sum()
+    /// Empties the set, keeping its storage.
+    pub fn clear(&mut self) {
+        self.enabled.iter_mut().for_each(|w| *w = 0);
+        self.busy.iter_mut().for_each(|w| *w = 0);
+        self.load.iter_mut().for_each(|l| *l = 0);
     }
 }
 
@@ -84,12 +110,159 @@ pub struct ConfigSource {
     pub overrides: Overrides,
 }
 
+/// The monitor's state: load from every source, effective thresholds, decode latches, and
+/// the last published busy set.
+#[derive(Debug)]
+pub struct Monitor {
+    pub table: LoadTable,
+    /// Effective thresholds per model: the config's, then `/busy_threshold` changes.
+    pub thresholds: HashMap<String, Thresholds>,
+    latches: Latches,
+    scratch: BusySet,
+    published: Arc<BusySet>,
+    pub publishes: u64,
+}
+
+impl Monitor {
+    pub fn new(snap: &Snapshot) -> Monitor {
+        Monitor {
+            table: LoadTable::default(),
+            thresholds: snap
+                .config
+                .models
+                .iter()
+                .map(|m| (m.name.clone(), m.thresholds))
+                .collect(),
+            latches: Latches::default(),
+            scratch: BusySet::default(),
+            published: Arc::new(BusySet::default()),
+            publishes: 0,
+        }
+    }
+
+    pub fn published(&self) -> &BusySet {
+        &self.published
+    }
+
+    /// Folds what the cores routed and have not finished into the tracked source: sums
+    /// over cores, spread evenly over the worker's ranks. Allocates nothing once warm.
+    pub fn refresh_tracked(&mut self, snap: &Snapshot, now: u64) {
+        for w in snap.workers.iter().filter(|w| w.cfg.load_sources.tracked) {
+            let (mut prefill, mut blocks) = (0u64, 0u64);
+            for cell in w.state.tracked.iter() {
+                prefill = prefill.wrapping_add(cell.prefill_tokens.load(Relaxed));
+                blocks = blocks.wrapping_add(cell.decode_blocks.load(Relaxed));
+            }
+            let load = self.table.worker(w.state.slot);
+            let ranks = load.dp_size(&w.cfg) as u64;
+            for r in 0..ranks as usize {
+                let rank = load.rank_mut(r);
+                rank.tracked.active_prefill_tokens = Some(Timed {
+                    value: prefill.div_ceil(ranks),
+                    at: now,
+                });
+                rank.tracked.active_decode_blocks = Some(Timed {
+                    value: blocks.div_ceil(ranks),
+                    at: now,
+                });
+            }
+        }
+    }
+
+    /// Re-evaluates the busy rule and, when the set changed, publishes it to every core's
+    /// replica before returning. Returns whether it published.
+    pub fn publish(&mut self, shared: &Shared, snap: &Snapshot, now: u64) -> bool {
+        let staleness = snap.config.load_staleness_ms;
+        load::evaluate(
+            snap,
+            &self.table,
+            &self.thresholds,
+            &mut self.latches,
+            now,
+            staleness,
+            &mut self.scratch,
+        );
+        if self.scratch == *self.published {
+            return false;
+        }
+        let mut next = self.scratch.clone();
+        next.generation = self.published.generation + 1;
+        let next = Arc::new(next);
+        for replica in shared.busy.iter() {
+            replica.store(next.clone());
+        }
+        self.published = next;
+        self.publishes += 1;
+        true
+    }
+
+    /// Busy members of a model in the published set.
+    pub fn busy_workers(&self, snap: &Snapshot, model: &str) -> usize {
+        snap.models
+            .iter()
+            .filter(|m| &*m.name == model)
+            .flat_map(|m| m.members.iter())
+            .filter(|m| self.published.is_busy(m.id))
+            .count()
+    }
+
+    /// Stores one scrape's result for a worker (missing metrics become unknown).
+    pub fn apply_scrape(
+        &mut self,
+        snap: &Snapshot,
+        slot: u32,
+        result: Result<String, String>,
+        now: u64,
+    ) {
+        let Some(w) = snap.workers.iter().find(|w| w.state.slot == slot) else {
+            return;
+        };
+        let load = self.table.worker(slot);
+        match result {
+            Ok(text) => {
+                let ranks = scrape::parse(w.cfg.metrics_format, &text, &w.cfg);
+                load.last_scrape = Some(now);
+                load.scrape_error = None;
+                for (i, r) in ranks.iter().enumerate() {
+                    let rank = load.rank_mut(i);
+                    rank.scrape.kv_used_blocks =
+                        r.kv_used_blocks.map(|value| Timed { value, at: now });
+                    rank.scrape.active_decode_blocks = None;
+                    rank.scrape.active_prefill_tokens = None;
+                    if r.kv_total_blocks.is_some() {
+                        rank.kv_total_blocks = r.kv_total_blocks;
+                    }
+                    rank.running = r.running;
+                    rank.waiting = r.waiting;
+                }
+            }
+            Err(e) => {
+                if load.scrape_error.as_deref() != Some(e.as_str()) {
+                    tracing::warn!(worker = %w.cfg.name, error = %e, "scrape failed");
+                }
+                load.scrape_error = Some(e);
+            }
+        }
+    }
+}
+
 /// Control-thread state shared by the monitor tasks and admin handlers.
 #[derive(Debug)]
 pub struct Control {
     pub shared: Arc<Shared>,
     pub registry: Registry,
     pub source: ConfigSource,
+    pub monitor: Monitor,
+}
+
+impl Control {
+    /// Re-evaluates and publishes now (after a push, a threshold change, a scrape).
+    pub fn republish(&mut self) -> bool {
+        let snap = self.shared.snapshot.load_full();
+        let now = clock::now_ms();
+        self.monitor.refresh_tracked(&snap, now);
+        self.monitor.publish(&self.shared, &snap, now)
+    }
 }
 
 /// Runs the monitor thread: admin listener plus monitor tasks, until stopped.
@@ -110,11 +283,16 @@ pub fn run(
         }
     };
     rt.block_on(async move {
-        let control = Rc::new(std::cell::RefCell::new(Control {
+        let monitor = Monitor::new(&shared.snapshot.load());
+        let control = Rc::new(RefCell::new(Control {
             shared,
             registry,
             source,
+            monitor,
         }));
+        control.borrow_mut().republish();
+        monoio::spawn(tick(control.clone()));
+        monoio::spawn(scrape_loop(control.clone()));
         let listener = match monoio::net::TcpListener::from_std(admin) {
             Ok(l) => l,
             Err(e) => {
@@ -141,9 +319,57 @@ pub fn run(
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "admin accept failed");
-                    monoio::time::sleep(std::time::Duration::from_millis(10)).await;
+                    monoio::time::sleep(Duration::from_millis(10)).await;
                 }
             }
         }
     });
+}
+
+/// Folds tracked load in and republishes on a fixed interval.
+async fn tick(control: Rc<RefCell<Control>>) {
+    loop {
+        let interval = control
+            .borrow()
+            .shared
+            .snapshot
+            .load()
+            .config
+            .monitor_interval_ms;
+        monoio::time::sleep(Duration::from_millis(interval)).await;
+        control.borrow_mut().republish();
+    }
+}
+
+/// Polls every worker with the `scrape` source once per interval; one scrape per worker
+/// in flight at a time.
+async fn scrape_loop(control: Rc<RefCell<Control>>) {
+    let in_flight: Rc<RefCell<HashSet<u32>>> = Rc::default();
+    loop {
+        let snap = control.borrow().shared.snapshot.load_full();
+        let interval = Duration::from_millis(snap.config.scrape_interval_ms);
+        for w in snap.workers.iter().filter(|w| w.cfg.load_sources.scrape) {
+            let slot = w.state.slot;
+            if !in_flight.borrow_mut().insert(slot) {
+                continue;
+            }
+            let (addr, host, path) = (
+                w.cfg.metrics_addr,
+                w.cfg.metrics_host.clone(),
+                w.cfg.metrics_path.clone(),
+            );
+            let timeout = interval.clamp(Duration::from_millis(100), Duration::from_secs(5));
+            let control = control.clone();
+            let in_flight = in_flight.clone();
+            monoio::spawn(async move {
+                let result = scrape::fetch(addr, &host, &path, timeout).await;
+                in_flight.borrow_mut().remove(&slot);
+                let mut c = control.borrow_mut();
+                let snap = c.shared.snapshot.load_full();
+                c.monitor.apply_scrape(&snap, slot, result, clock::now_ms());
+                c.republish();
+            });
+        }
+        monoio::time::sleep(interval).await;
+    }
 }

@@ -489,3 +489,41 @@ pub fn eventually(what: &str, timeout: Duration, mut cond: impl FnMut() -> bool)
     }
     panic!("timed out waiting for: {what}");
 }
+
+// ---------------------------------------------------------------------------- admin
+
+pub fn admin_call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: &str,
+) -> Response {
+    let ct = content_type
+        .map(|c| format!("content-type: {c}\r\n"))
+        .unwrap_or_default();
+    let raw = format!(
+        "{method} {path} HTTP/1.1\r\nhost: admin\r\n{ct}content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    once(addr, raw.as_bytes())
+}
+
+pub fn admin_post(addr: SocketAddr, path: &str, body: &str) -> Response {
+    admin_call(addr, "POST", path, Some("application/json"), body)
+}
+
+pub fn admin_get(addr: SocketAddr, path: &str) -> Response {
+    admin_call(addr, "GET", path, None, "")
+}
+
+pub fn metrics(addr: SocketAddr) -> String {
+    admin_get(addr, "/metrics").text()
+}
+
+/// The value of one series in a metrics text (`name{labels}` exactly as rendered).
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l[series.len()..].trim().parse().ok())
+}

@@ -1,0 +1,468 @@
+//! Load state per worker and rank, from every source (semantics §2), and the evaluation
+//! of the busy set. Pure: no I/O, `now` is an argument; the monitor thread drives it.
+
+use std::collections::HashMap;
+
+use serde::Deserialize;
+
+use super::BusySet;
+use crate::config::WorkerConfig;
+use crate::config::snapshot::Snapshot;
+use crate::shed::{RankLoad, Thresholds, rank_busy, worker_busy};
+
+/// A value and when it was observed (monotonic ms).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timed {
+    pub value: u64,
+    pub at: u64,
+}
+
+/// One source's view of a rank's three load signals.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Signals {
+    pub active_decode_blocks: Option<Timed>,
+    pub kv_used_blocks: Option<Timed>,
+    pub active_prefill_tokens: Option<Timed>,
+}
+
+impl Signals {
+    fn fresh(t: Option<Timed>, now: u64, staleness: u64) -> Option<u64> {
+        t.filter(|t| now.saturating_sub(t.at) < staleness)
+            .map(|t| t.value)
+    }
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct RankState {
+    pub push: Signals,
+    pub scrape: Signals,
+    pub tracked: Signals,
+    /// Capacity reported at runtime (load events, scrapes); overrides config.
+    pub kv_total_blocks: Option<u64>,
+    pub max_num_batched_tokens: Option<u64>,
+    /// Informational engine queue figures from scrapes (running, waiting requests).
+    pub running: Option<u64>,
+    pub waiting: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct WorkerLoad {
+    pub ranks: Vec<RankState>,
+    /// dp_size reported at runtime; overrides config.
+    pub dp_size: Option<u32>,
+    /// When the last push or scrape arrived (SIGUSR1 dump, metrics).
+    pub last_push: Option<u64>,
+    pub last_scrape: Option<u64>,
+    pub scrape_error: Option<String>,
+}
+
+fn max_opt(values: impl IntoIterator<Item = Option<u64>>) -> Option<u64> {
+    values.into_iter().flatten().max()
+}
+
+impl WorkerLoad {
+    pub fn dp_size(&self, cfg: &WorkerConfig) -> usize {
+        self.dp_size.unwrap_or(cfg.dp_size).max(1) as usize
+    }
+
+    pub fn rank_mut(&mut self, rank: usize) -> &mut RankState {
+        if self.ranks.len() <= rank {
+            self.ranks.resize_with(rank + 1, RankState::default);
+        }
+        &mut self.ranks[rank]
+    }
+
+    /// Effective load of one rank: per signal the maximum over fresh sources the worker
+    /// uses; capacity from the latest report, else the config.
+    pub fn effective(&self, rank: usize, cfg: &WorkerConfig, now: u64, staleness: u64) -> RankLoad {
+        let Some(r) = self.ranks.get(rank) else {
+            return RankLoad {
+                kv_total_blocks: cfg.kv_total_blocks,
+                max_num_batched_tokens: cfg.max_num_batched_tokens,
+                ..RankLoad::default()
+            };
+        };
+        let fresh = |t| Signals::fresh(t, now, staleness);
+        let src = cfg.load_sources;
+        let scrape = |f: fn(&Signals) -> Option<Timed>| {
+            if src.scrape {
+                fresh(f(&r.scrape))
+            } else {
+                None
+            }
+        };
+        let tracked = |f: fn(&Signals) -> Option<Timed>| {
+            if src.tracked {
+                f(&r.tracked).map(|t| t.value)
+            } else {
+                None
+            }
+        };
+        RankLoad {
+            active_decode_blocks: max_opt([
+                fresh(r.push.active_decode_blocks),
+                scrape(|s| s.active_decode_blocks),
+                tracked(|s| s.active_decode_blocks),
+            ]),
+            kv_used_blocks: max_opt([fresh(r.push.kv_used_blocks), scrape(|s| s.kv_used_blocks)]),
+            active_prefill_tokens: max_opt([
+                fresh(r.push.active_prefill_tokens),
+                scrape(|s| s.active_prefill_tokens),
+                tracked(|s| s.active_prefill_tokens),
+            ]),
+            kv_total_blocks: r.kv_total_blocks.or(cfg.kv_total_blocks),
+            max_num_batched_tokens: r.max_num_batched_tokens.or(cfg.max_num_batched_tokens),
+        }
+    }
+}
+
+/// A worker id in a load event: the configured name, or a number matched against names.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum WorkerRef {
+    Name(String),
+    Number(u64),
+}
+
+impl WorkerRef {
+    pub fn name(&self) -> String {
+        match self {
+            WorkerRef::Name(s) => s.clone(),
+            WorkerRef::Number(n) => n.to_string(),
+        }
+    }
+}
+
+/// Dynamo's `ActiveLoad` event, plus optional capacity fields.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LoadEvent {
+    pub worker_id: WorkerRef,
+    #[serde(default)]
+    pub dp_rank: u32,
+    pub active_decode_blocks: Option<u64>,
+    pub active_prefill_tokens: Option<u64>,
+    pub kv_used_blocks: Option<u64>,
+    pub kv_total_blocks: Option<u64>,
+    pub max_num_batched_tokens: Option<u64>,
+    pub dp_size: Option<u32>,
+}
+
+/// One event or a batch.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum LoadEvents {
+    One(LoadEvent),
+    Many(Vec<LoadEvent>),
+}
+
+impl LoadEvents {
+    pub fn into_vec(self) -> Vec<LoadEvent> {
+        match self {
+            LoadEvents::One(e) => vec![e],
+            LoadEvents::Many(v) => v,
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PushError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("unknown worker_id: {0}")]
+    UnknownWorker(String),
+}
+
+impl PushError {
+    pub fn status(&self) -> u16 {
+        match self {
+            PushError::Invalid(_) => 400,
+            PushError::UnknownWorker(_) => 404,
+        }
+    }
+}
+
+/// Every load-related fact the monitor holds, by worker slot.
+#[derive(Debug, Default)]
+pub struct LoadTable {
+    pub workers: HashMap<u32, WorkerLoad>,
+}
+
+impl LoadTable {
+    pub fn worker(&mut self, slot: u32) -> &mut WorkerLoad {
+        self.workers.entry(slot).or_default()
+    }
+
+    /// Applies a batch of pushed events: all are checked first, then all applied.
+    pub fn push(
+        &mut self,
+        snap: &Snapshot,
+        events: &[LoadEvent],
+        now: u64,
+    ) -> Result<usize, PushError> {
+        let mut targets = Vec::with_capacity(events.len());
+        let mut unknown = Vec::new();
+        for e in events {
+            let name = e.worker_id.name();
+            match snap.workers.iter().find(|w| w.cfg.name == name) {
+                Some(w) => {
+                    let dp = e.dp_size.unwrap_or_else(|| {
+                        self.workers
+                            .get(&w.state.slot)
+                            .map_or(w.cfg.dp_size, |l| l.dp_size(&w.cfg) as u32)
+                    });
+                    if e.dp_size == Some(0) {
+                        return Err(PushError::Invalid(format!(
+                            "dp_size must be at least 1 (worker {name})"
+                        )));
+                    }
+                    if e.dp_rank >= dp {
+                        return Err(PushError::Invalid(format!(
+                            "dp_rank {} is out of range for worker {name} (dp_size {dp})",
+                            e.dp_rank
+                        )));
+                    }
+                    targets.push(w.state.slot);
+                }
+                None => unknown.push(name),
+            }
+        }
+        if !unknown.is_empty() {
+            return Err(PushError::UnknownWorker(unknown.join(", ")));
+        }
+        for (e, slot) in events.iter().zip(targets) {
+            let w = self.worker(slot);
+            w.last_push = Some(now);
+            if e.dp_size.is_some() {
+                w.dp_size = e.dp_size;
+            }
+            let r = w.rank_mut(e.dp_rank as usize);
+            let at = |v: Option<u64>, old: Option<Timed>| {
+                v.map(|value| Timed { value, at: now }).or(old)
+            };
+            r.push.active_decode_blocks = at(e.active_decode_blocks, r.push.active_decode_blocks);
+            r.push.kv_used_blocks = at(e.kv_used_blocks, r.push.kv_used_blocks);
+            r.push.active_prefill_tokens =
+                at(e.active_prefill_tokens, r.push.active_prefill_tokens);
+            if e.kv_total_blocks.is_some() {
+                r.kv_total_blocks = e.kv_total_blocks;
+            }
+            if e.max_num_batched_tokens.is_some() {
+                r.max_num_batched_tokens = e.max_num_batched_tokens;
+            }
+        }
+        Ok(events.len())
+    }
+
+    /// Drops state of workers no longer configured.
+    pub fn retain(&mut self, snap: &Snapshot) {
+        self.workers
+            .retain(|slot, _| snap.workers.iter().any(|w| w.state.slot == *slot));
+    }
+}
+
+/// Decode latches, per member id and rank.
+#[derive(Debug, Default)]
+pub struct Latches(Vec<Vec<bool>>);
+
+impl Latches {
+    fn get(&mut self, member: u32, rank: usize) -> &mut bool {
+        let m = member as usize;
+        if self.0.len() <= m {
+            self.0.resize_with(m + 1, Vec::new);
+        }
+        let ranks = &mut self.0[m];
+        if ranks.len() <= rank {
+            ranks.resize(rank + 1, false);
+        }
+        &mut ranks[rank]
+    }
+}
+
+/// Evaluates every model's members into `out` (cleared first; reuses its storage).
+pub fn evaluate(
+    snap: &Snapshot,
+    table: &LoadTable,
+    thresholds: &HashMap<String, Thresholds>,
+    latches: &mut Latches,
+    now: u64,
+    staleness: u64,
+    out: &mut BusySet,
+) {
+    out.clear();
+    let empty = WorkerLoad::default();
+    for model in snap.models.iter() {
+        let t = thresholds.get(&*model.name).copied().unwrap_or_default();
+        if t.any() {
+            out.set_enabled(model.id);
+        }
+        for member in model.members.iter() {
+            let w = &snap.workers[member.worker as usize];
+            let load = table.workers.get(&w.state.slot).unwrap_or(&empty);
+            let ranks = load.dp_size(&w.cfg);
+            let mut permille = 0u16;
+            let busy = worker_busy((0..ranks).map(|r| {
+                let l = load.effective(r, &w.cfg, now, staleness);
+                permille = permille.max(load_permille(&l));
+                rank_busy(&t, &l, latches.get(member.id, r))
+            }));
+            if busy {
+                out.set_busy(member.id);
+            }
+            out.set_load(member.id, permille);
+        }
+    }
+}
+
+/// The fullest known signal of a rank, in permille of its capacity (for least-loaded).
+pub fn load_permille(l: &RankLoad) -> u16 {
+    let used = max_opt([l.kv_used_blocks, l.active_decode_blocks]);
+    let decode = match (used, l.kv_total_blocks) {
+        (Some(u), Some(t)) if t > 0 => u.saturating_mul(1000) / t,
+        _ => 0,
+    };
+    let prefill = match (l.active_prefill_tokens, l.max_num_batched_tokens) {
+        (Some(p), Some(m)) if m > 0 => p.saturating_mul(1000) / m,
+        _ => 0,
+    };
+    decode.max(prefill).min(1000) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::config::snapshot::Registry;
+    use crate::config::{Config, Overrides};
+
+    fn snap(extra: &str) -> Snapshot {
+        let text = format!(
+            "[[models]]\nname = \"m\"\nactive_decode_blocks_threshold = 0.5\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\nname = \"a\"\nkv_total_blocks = 100\n{extra}\n[[models.workers]]\nurl = \"http://127.0.0.1:2\"\nname = \"b\"\n"
+        );
+        Registry::new(1).build(Config::parse(&text, &Overrides::default()).unwrap())
+    }
+
+    fn ev(json: &str) -> Vec<LoadEvent> {
+        serde_json::from_str::<LoadEvents>(json).unwrap().into_vec()
+    }
+
+    fn thresholds(s: &Snapshot) -> HashMap<String, Thresholds> {
+        s.config
+            .models
+            .iter()
+            .map(|m| (m.name.clone(), m.thresholds))
+            .collect()
+    }
+
+    fn busy_after(s: &Snapshot, table: &LoadTable, now: u64) -> BusySet {
+        let mut out = BusySet::default();
+        evaluate(
+            s,
+            table,
+            &thresholds(s),
+            &mut Latches::default(),
+            now,
+            1000,
+            &mut out,
+        );
+        out
+    }
+
+    #[test]
+    fn push_makes_busy_and_staleness_ages_out() {
+        let s = snap("");
+        let mut t = LoadTable::default();
+        assert_eq!(
+            t.push(
+                &s,
+                &ev(r#"{"worker_id":"a","active_decode_blocks":60}"#),
+                100
+            ),
+            Ok(1)
+        );
+        let b = busy_after(&s, &t, 100);
+        let member_a = s.models[0].members[0].id;
+        assert!(b.enabled(s.models[0].id));
+        assert!(b.is_busy(member_a));
+        assert_eq!(b.load(member_a), 600);
+        // 1000 ms later the value is stale: unknown, so not busy.
+        assert!(!busy_after(&s, &t, 1100).is_busy(member_a));
+    }
+
+    #[test]
+    fn batches_are_all_or_nothing() {
+        let s = snap("");
+        let mut t = LoadTable::default();
+        let err = t.push(
+            &s,
+            &ev(r#"[{"worker_id":"a","active_decode_blocks":60},{"worker_id":"zzz"}]"#),
+            0,
+        );
+        assert_eq!(err, Err(PushError::UnknownWorker("zzz".into())));
+        let err = t.push(
+            &s,
+            &ev(r#"[{"worker_id":"a","active_decode_blocks":60},{"worker_id":"b","dp_rank":1}]"#),
+            0,
+        );
+        assert!(matches!(err, Err(PushError::Invalid(m)) if m.contains("dp_rank 1")));
+        assert!(t.workers.is_empty());
+        assert!(serde_json::from_str::<LoadEvents>(r#"{"worker_id":"a","bogus":1}"#).is_err());
+        assert!(
+            serde_json::from_str::<LoadEvents>(r#"{"worker_id":"a","active_decode_blocks":-1}"#)
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn dp_worker_is_busy_only_when_every_rank_is() {
+        let s = snap("dp_size = 2");
+        let mut t = LoadTable::default();
+        let member_a = s.models[0].members[0].id;
+        t.push(
+            &s,
+            &ev(r#"{"worker_id":"a","dp_rank":0,"kv_used_blocks":90}"#),
+            0,
+        )
+        .unwrap();
+        assert!(!busy_after(&s, &t, 0).is_busy(member_a));
+        t.push(
+            &s,
+            &ev(r#"{"worker_id":"a","dp_rank":1,"kv_used_blocks":51}"#),
+            0,
+        )
+        .unwrap();
+        assert!(busy_after(&s, &t, 0).is_busy(member_a));
+    }
+
+    #[test]
+    fn effective_is_max_over_fresh_sources_and_missing_is_unknown() {
+        let s = snap("load_sources = [\"push\", \"scrape\", \"tracked\"]");
+        let cfg = &s.workers[0].cfg;
+        let mut w = WorkerLoad::default();
+        let r = w.rank_mut(0);
+        r.push.active_prefill_tokens = Some(Timed { value: 10, at: 0 });
+        r.tracked.active_prefill_tokens = Some(Timed { value: 30, at: 0 });
+        r.scrape.kv_used_blocks = Some(Timed { value: 5, at: 0 });
+        let e = w.effective(0, cfg, 0, 1000);
+        assert_eq!(e.active_prefill_tokens, Some(30));
+        assert_eq!(e.kv_used_blocks, Some(5));
+        assert_eq!(e.active_decode_blocks, None);
+        assert_eq!(e.kv_total_blocks, Some(100));
+        // Tracked is instant: it never ages out; push does.
+        let e = w.effective(0, cfg, 5000, 1000);
+        assert_eq!(e.active_prefill_tokens, Some(30));
+        assert_eq!(e.kv_used_blocks, None);
+    }
+
+    #[test]
+    fn reported_capacity_overrides_config() {
+        let s = snap("");
+        let mut t = LoadTable::default();
+        t.push(
+            &s,
+            &ev(r#"{"worker_id":"a","kv_total_blocks":1000,"active_decode_blocks":60}"#),
+            0,
+        )
+        .unwrap();
+        assert!(!busy_after(&s, &t, 0).is_busy(s.models[0].members[0].id));
+    }
+}
