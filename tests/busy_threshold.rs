@@ -73,7 +73,15 @@ fn get_set_partial_merge_and_delete() {
 fn every_error_case() {
     let (_up, p) = setup();
     let big = "x".repeat(16);
-    let cases: Vec<(&str, Option<&str>, String, u16, Option<&str>)> = vec![
+    /// (method, content type, body, status, exact error message)
+    type Case = (
+        &'static str,
+        Option<&'static str>,
+        String,
+        u16,
+        Option<&'static str>,
+    );
+    let cases: Vec<Case> = vec![
         (
             "POST",
             Some("text/plain"),
