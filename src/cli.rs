@@ -50,6 +50,20 @@ pub struct Knobs {
     /// Router mode for models that do not set one.
     #[arg(long, env = "DYN_ROUTER_MODE", global = true, value_parser = parse_router_mode)]
     pub router_mode: Option<RouterMode>,
+    /// Engine slots per worker (N) for workers that do not set `engine_request_limit`.
+    #[arg(long, env = "DYN_ENGINE_REQUEST_LIMIT", global = true)]
+    pub engine_request_limit: Option<u32>,
+    /// Waiting places per worker (Q, at least 2) for workers that do not set one.
+    #[arg(
+        long,
+        env = "DYN_DYNAMO_REQUEST_QUEUE_LIMIT",
+        global = true,
+        hide = true
+    )]
+    pub request_queue_limit: Option<u32>,
+    /// How many times a refused request may move to another worker.
+    #[arg(long, env = "DYN_MIGRATION_LIMIT", global = true)]
+    pub migration_limit: Option<u32>,
     /// Count generated tokens into router-tracked decode blocks.
     #[arg(long, env = "DYN_ROUTER_TRACK_OUTPUT_BLOCKS", global = true, num_args = 0..=1, default_missing_value = "true")]
     pub router_track_output_blocks: Option<bool>,
@@ -76,6 +90,9 @@ impl Knobs {
             router_mode: self.router_mode,
             track_output_blocks: self.router_track_output_blocks,
             overload_status_env: env("DYN_HTTP_OVERLOAD_STATUS_CODE"),
+            engine_request_limit: self.engine_request_limit,
+            request_queue_limit: self.request_queue_limit,
+            migration_limit: self.migration_limit,
         }
     }
 }

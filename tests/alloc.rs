@@ -109,7 +109,11 @@ fn steady_state_proxying_allocates_nothing() {
     let mut round = |client: &mut TcpStream| {
         client.write_all(REQUEST).unwrap();
         let n = read_message(client, &mut buf).unwrap();
-        assert!(buf[..n].starts_with(b"HTTP/1.1 200 OK\r\n"));
+        assert!(
+            buf[..n].starts_with(b"HTTP/1.1 200 OK\r\n"),
+            "{}",
+            String::from_utf8_lossy(&buf[..n])
+        );
     };
     for _ in 0..500 {
         round(&mut client);

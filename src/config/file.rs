@@ -21,6 +21,7 @@ pub struct FileConfig {
     pub load_staleness_ms: Option<Spanned<u64>>,
     pub scrape_interval_ms: Option<Spanned<u64>>,
     pub monitor_interval_ms: Option<Spanned<u64>>,
+    pub migration_limit: Option<u32>,
     #[serde(default)]
     pub models: Vec<FileModel>,
 }
@@ -66,4 +67,7 @@ pub struct FileWorker {
     pub max_num_batched_tokens: Option<u64>,
     pub dp_size: Option<Spanned<u32>>,
     pub block_size: Option<Spanned<u32>>,
+    pub engine_request_limit: Option<Spanned<u32>>,
+    pub request_queue_limit: Option<Spanned<u32>>,
+    pub request_queue_timeout_ms: Option<Spanned<u64>>,
 }

@@ -27,6 +27,9 @@ pub const DEFAULT_LOAD_STALENESS_MS: u64 = 5_000;
 pub const DEFAULT_SCRAPE_INTERVAL_MS: u64 = 500;
 pub const DEFAULT_MONITOR_INTERVAL_MS: u64 = 20;
 pub const DEFAULT_BLOCK_SIZE: u32 = 16;
+pub const DEFAULT_REQUEST_QUEUE_LIMIT: u32 = 16;
+pub const DEFAULT_REQUEST_QUEUE_TIMEOUT_MS: u64 = 5_000;
+pub const DEFAULT_MIGRATION_LIMIT: u32 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -95,6 +98,9 @@ pub struct Overrides {
     pub track_output_blocks: Option<bool>,
     /// Raw `DYN_HTTP_OVERLOAD_STATUS_CODE`, read once at start; overrides the file.
     pub overload_status_env: Option<String>,
+    pub engine_request_limit: Option<u32>,
+    pub request_queue_limit: Option<u32>,
+    pub migration_limit: Option<u32>,
 }
 
 /// Dynamo's parse of `DYN_HTTP_OVERLOAD_STATUS_CODE`: trimmed u16 in 200..=999, else 529.
@@ -119,6 +125,8 @@ pub struct Config {
     pub load_staleness_ms: u64,
     pub scrape_interval_ms: u64,
     pub monitor_interval_ms: u64,
+    /// Times a refused request may move to another worker (0 = never).
+    pub migration_limit: u32,
     pub limits: Limits,
     pub models: Vec<ModelConfig>,
     /// Every distinct worker, by name; models refer to them by index.
@@ -149,6 +157,11 @@ pub struct WorkerConfig {
     pub max_num_batched_tokens: Option<u64>,
     pub dp_size: u32,
     pub block_size: u32,
+    /// Engine slots (N); `None` = no admission cap.
+    pub engine_request_limit: Option<u32>,
+    /// Waiting places (Q) when N is set.
+    pub request_queue_limit: u32,
+    pub request_queue_timeout_ms: u64,
 }
 
 impl Config {
@@ -373,6 +386,10 @@ impl Validator<'_> {
                 &f.monitor_interval_ms,
                 DEFAULT_MONITOR_INTERVAL_MS,
             )?,
+            migration_limit: f
+                .migration_limit
+                .or(o.migration_limit)
+                .unwrap_or(DEFAULT_MIGRATION_LIMIT),
             limits,
             models,
             workers,
@@ -442,7 +459,7 @@ impl Validator<'_> {
         let mut members = Vec::with_capacity(m.workers.len());
         for (wi, w) in m.workers.iter().enumerate() {
             let wkey = |k: &str| format!("models[{mi}].workers[{wi}].{k}");
-            let worker = self.worker(w, &wkey)?;
+            let worker = self.worker(w, o, &wkey)?;
             let idx = match workers.iter().position(|x| x.name == worker.name) {
                 Some(i) if workers[i] != worker => {
                     return self.err(
@@ -487,6 +504,7 @@ impl Validator<'_> {
     fn worker(
         &self,
         w: &FileWorker,
+        o: &Overrides,
         key: &dyn Fn(&str) -> String,
     ) -> Result<WorkerConfig, ConfigError> {
         let (host, port) = match parse_http_url(w.url.get_ref()) {
@@ -597,6 +615,53 @@ impl Validator<'_> {
             None => 1,
         };
         let block_size = self.positive(&key("block_size"), &w.block_size, DEFAULT_BLOCK_SIZE)?;
+        let engine_request_limit = match &w.engine_request_limit {
+            Some(s) if *s.get_ref() == 0 => {
+                return self.err(
+                    key("engine_request_limit"),
+                    Some(s.span()),
+                    "must be at least 1 (leave it unset for no cap)",
+                );
+            }
+            Some(s) => Some(*s.get_ref()),
+            None if o.engine_request_limit == Some(0) => {
+                return self.err(
+                    "--engine-request-limit / DYN_ENGINE_REQUEST_LIMIT",
+                    None,
+                    "must be at least 1",
+                );
+            }
+            None => o.engine_request_limit,
+        };
+        let request_queue_limit = match &w.request_queue_limit {
+            Some(s) if *s.get_ref() < 2 => {
+                return self.err(
+                    key("request_queue_limit"),
+                    Some(s.span()),
+                    format!(
+                        "must be at least 2, got {} (an exact N + Q cap needs Q >= 2)",
+                        s.get_ref()
+                    ),
+                );
+            }
+            Some(s) => *s.get_ref(),
+            None => match o.request_queue_limit {
+                Some(q) if q < 2 => {
+                    return self.err(
+                        "DYN_DYNAMO_REQUEST_QUEUE_LIMIT",
+                        None,
+                        format!("must be at least 2, got {q}"),
+                    );
+                }
+                Some(q) => q,
+                None => DEFAULT_REQUEST_QUEUE_LIMIT,
+            },
+        };
+        let request_queue_timeout_ms = self.positive(
+            &key("request_queue_timeout_ms"),
+            &w.request_queue_timeout_ms,
+            DEFAULT_REQUEST_QUEUE_TIMEOUT_MS,
+        )?;
         Ok(WorkerConfig {
             name,
             url: format!("http://{host}:{port}"),
@@ -610,6 +675,9 @@ impl Validator<'_> {
             max_num_batched_tokens: w.max_num_batched_tokens,
             dp_size,
             block_size,
+            engine_request_limit,
+            request_queue_limit,
+            request_queue_timeout_ms,
         })
     }
 }
@@ -708,6 +776,14 @@ mod tests {
                 "overload_status_code (line 1): must be between 200 and 999, got 150",
             ),
             (
+                "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\nengine_request_limit = 2\nrequest_queue_limit = 1\n",
+                "models[0].workers[0].request_queue_limit (line 6): must be at least 2, got 1",
+            ),
+            (
+                "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\nengine_request_limit = 0\n",
+                "models[0].workers[0].engine_request_limit (line 5): must be at least 1",
+            ),
+            (
                 "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
                 "listed twice",
             ),
@@ -766,7 +842,7 @@ mod tests {
             },
             router_mode: Some(RouterMode::Random),
             track_output_blocks: Some(true),
-            overload_status_env: None,
+            ..Overrides::default()
         };
         let text = "[[models]]\nname = \"m\"\nactive_decode_blocks_threshold = 0.9\nrouter_mode = \"direct\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n";
         let c = Config::parse(text, &o).unwrap();

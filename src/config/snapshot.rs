@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use crossbeam_utils::CachePadded;
 
 use super::{Config, ModelConfig, RouterMode, WorkerConfig};
+use crate::admission::{AT_CAPACITY, Gate, QUEUE_TIMEOUT};
 use crate::http::canned::Canned;
 use crate::metrics::ModelMetrics;
 
@@ -57,6 +58,8 @@ pub struct Member {
 pub struct Worker {
     pub cfg: WorkerConfig,
     pub state: Arc<WorkerState>,
+    /// Engine slots and overflow queue, when `engine_request_limit` is set.
+    pub gate: Option<Arc<Gate>>,
 }
 
 /// Per-worker state shared by all cores, kept across reloads while the worker is unchanged.
@@ -68,6 +71,9 @@ pub struct WorkerState {
     /// Monotonic ms (see [`crate::core::clock`]) until which the worker is skipped.
     down_until_ms: AtomicU64,
     failures: AtomicU32,
+    /// Busy-set generation in which the worker refused a request (WorkerOverloaded): it is
+    /// skipped until the monitor publishes the next generation.
+    overloaded_in: AtomicU64,
     /// One entry per core, written only by that core: what it routed and has not finished.
     pub tracked: Box<[CachePadded<TrackedLoad>]>,
 }
@@ -87,6 +93,7 @@ impl WorkerState {
             name: name.into(),
             down_until_ms: AtomicU64::new(0),
             failures: AtomicU32::new(0),
+            overloaded_in: AtomicU64::new(u64::MAX),
             tracked: (0..cores)
                 .map(|_| CachePadded::new(TrackedLoad::default()))
                 .collect(),
@@ -110,6 +117,21 @@ impl WorkerState {
         self.down_until_ms
             .store(now_ms + backoff, Ordering::Relaxed);
         backoff
+    }
+
+    /// Marks a local refusal; cleared by the next busy-set publication.
+    pub fn mark_overloaded(&self, generation: u64) {
+        self.overloaded_in.store(generation, Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub fn is_overloaded(&self, generation: u64) -> bool {
+        self.overloaded_in.load(Ordering::Relaxed) == generation
+    }
+
+    /// Inhibits a worker that answered 503 for `ms` (it is skipped like a down worker).
+    pub fn inhibit(&self, now_ms: u64, ms: u64) {
+        self.down_until_ms.fetch_max(now_ms + ms, Ordering::Relaxed);
     }
 
     /// A successful connect clears the backoff.
@@ -144,6 +166,8 @@ pub struct Responses {
     pub model_not_found: Canned,
     pub not_found: Canned,
     pub too_many_connections: Canned,
+    pub worker_at_capacity: Canned,
+    pub queue_timeout: Canned,
 }
 
 impl Responses {
@@ -175,6 +199,8 @@ impl Responses {
             model_not_found: Canned::error(404, "Model not found", &[]),
             not_found: Canned::error(404, "Not found", &[]),
             too_many_connections: Canned::error(503, "Too many connections", &retry),
+            worker_at_capacity: Canned::error_typed(code, AT_CAPACITY, "Overloaded", &retry),
+            queue_timeout: Canned::error_typed(code, QUEUE_TIMEOUT, "Overloaded", &retry),
         }
     }
 }
@@ -187,6 +213,7 @@ pub struct Registry {
     created: u64,
     next_slot: u32,
     workers: HashMap<(String, String), Arc<WorkerState>>,
+    gates: HashMap<(String, String), (u32, u32, Arc<Gate>)>,
     model_ids: HashMap<String, u32>,
     model_metrics: HashMap<String, Arc<ModelMetrics>>,
     member_ids: HashMap<(String, String), u32>,
@@ -203,6 +230,7 @@ impl Registry {
             created,
             next_slot: 0,
             workers: HashMap::new(),
+            gates: HashMap::new(),
             model_ids: HashMap::new(),
             model_metrics: HashMap::new(),
             member_ids: HashMap::new(),
@@ -235,13 +263,30 @@ impl Registry {
                     None => {
                         let s = Arc::new(WorkerState::new(self.next_slot, &w.name, self.cores));
                         self.next_slot += 1;
-                        self.workers.insert(key, s.clone());
+                        self.workers.insert(key.clone(), s.clone());
                         s
                     }
                 };
+                // A gate survives a reload while its limits do; new limits start a new gate
+                // (requests admitted by the old one finish under it).
+                let gate = w.engine_request_limit.map(|n| {
+                    let q = w.request_queue_limit;
+                    match self.gates.get(&key) {
+                        Some((gn, gq, g)) if (*gn, *gq) == (n, q) => g.clone(),
+                        _ => {
+                            let g = Arc::new(Gate::new(n, q));
+                            self.gates.insert(key.clone(), (n, q, g.clone()));
+                            g
+                        }
+                    }
+                });
+                if gate.is_none() {
+                    self.gates.remove(&key);
+                }
                 Worker {
                     cfg: w.clone(),
                     state,
+                    gate,
                 }
             })
             .collect();
@@ -262,6 +307,7 @@ impl Registry {
             .map(|w| (w.name.clone(), w.url.clone()))
             .collect();
         self.workers.retain(|k, _| live.contains(k));
+        self.gates.retain(|k, _| live.contains(k));
         let responses = Responses::new(&config, self.created);
         Snapshot {
             generation: self.generation,

@@ -19,14 +19,14 @@ use super::reader::{ClientReader, ReadDone, read_more};
 use crate::config::snapshot::Snapshot;
 use crate::http::canned::{Canned, write_error};
 use crate::http::chunked::Dechunker;
-use crate::http::limits::{INITIAL_READ_BUF, RESPONSE_READ_BUF};
+use crate::http::limits::{INITIAL_READ_BUF, RESPONSE_READ_BUF, RETAINED_BUF_MAX};
 use crate::http::request::{RequestHead, parse_request};
 use crate::http::write::upstream_request_head;
 use crate::http::{BodyFraming, HttpError, Method};
 use crate::metrics::{RequestType, add};
 use crate::route::Endpoint;
 use crate::route::peek::{PeekError, peek};
-use crate::upstream::forward::{Client, Forwarded, Outbound, Reject, forward};
+use crate::upstream::forward::{Client, Forwarded, Outbound, Refusal, Reject, forward};
 
 /// Answers a connection over `max_connections` and closes it.
 pub async fn refuse(ctx: Rc<CoreCtx>, mut stream: TcpStream) {
@@ -469,13 +469,26 @@ impl Conn {
             rbuf,
             request_id: rid,
         };
-        match forward(ctx, &mut client, &outbound).await {
+        let forwarded = forward(ctx, &mut client, &outbound).await;
+        if out.capacity() > RETAINED_BUF_MAX {
+            // One large body must not pin its buffer on an idle keep-alive connection.
+            out.clear();
+            out.shrink_to(4096);
+        }
+        match forwarded {
             Forwarded::Done { keep_alive, .. } => keep_alive,
             Forwarded::Abort(_) => false,
             Forwarded::Reject(r) => {
                 out.clear();
                 match r {
                     Reject::Overloaded => snap.responses.overloaded.write(out, rid, keep, true),
+                    Reject::WorkerOverloaded(Refusal::QueueTimeout) => {
+                        snap.responses.queue_timeout.write(out, rid, keep, true)
+                    }
+                    Reject::WorkerOverloaded(_) => snap
+                        .responses
+                        .worker_at_capacity
+                        .write(out, rid, keep, true),
                     Reject::DirectBusy => snap.responses.direct_busy.write(out, rid, keep, true),
                     Reject::Unavailable => snap.responses.unavailable.write(out, rid, keep, true),
                     Reject::DirectMissingHeader => write_error(

@@ -20,9 +20,6 @@ pub const RETAINED_BUF_MAX: usize = 256 * 1024;
 /// Upstream read size while streaming a response body.
 pub const RESPONSE_READ_BUF: usize = 16 * 1024;
 
-/// A request body at most this large is copied behind the head into one upstream write.
-pub const COALESCE_BODY_MAX: usize = 64 * 1024;
-
 /// Defaults of the `[limits]` table.
 pub mod defaults {
     pub const MAX_HEADER_BYTES: usize = 16 * 1024;

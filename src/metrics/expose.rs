@@ -9,7 +9,10 @@ use prometheus::proto::{
     Bucket, Counter, Gauge, Histogram, LabelPair, Metric, MetricFamily, MetricType,
 };
 
-use super::{DURATION_BUCKETS, ITL_BUCKETS, ModelMetrics, Outcome, RequestType, TTFT_BUCKETS};
+use super::{
+    DURATION_BUCKETS, ITL_BUCKETS, MigrationReason, ModelMetrics, Outcome, RequestType,
+    TTFT_BUCKETS,
+};
 use crate::monitor::Control;
 use crate::route::Endpoint;
 
@@ -163,11 +166,11 @@ pub fn render(control: &Control) -> Vec<u8> {
                 ));
             }
         }
-        for (ongoing, kind) in [(false, "new_request"), (true, "ongoing_request")] {
-            let n = m.migrations(ongoing);
+        for reason in MigrationReason::ALL {
+            let n = m.migrations(reason);
             if n > 0 {
                 migrations.push((
-                    labels(&[("model", &model.name), ("migration_type", kind)]),
+                    labels(&[("model", &model.name), ("reason", reason.label())]),
                     n as f64,
                 ));
             }
@@ -266,6 +269,32 @@ pub fn render(control: &Control) -> Vec<u8> {
         "dynamo_frontend_worker_active_prefill_tokens",
         "Active prefill tokens queued per worker",
         prefill,
+    );
+
+    // Worker admission (engine slots and overflow queue), for workers with a limit.
+    let gates: Vec<_> = snap
+        .workers
+        .iter()
+        .filter_map(|w| w.gate.as_ref().map(|g| (w, g)))
+        .collect();
+    f.counter(
+        "dynamo_rejection_request_total",
+        "Requests rejected because the worker is at capacity (engine slots and queue full, or queue timeout)",
+        gates.iter().map(|(w, g)| (labels(&[("worker", &w.cfg.name)]), g.rejected() as f64)),
+    );
+    f.gauge(
+        "dynamo_engine_request",
+        "Requests holding an engine slot of the worker (engine_request_limit)",
+        gates
+            .iter()
+            .map(|(w, g)| (labels(&[("worker", &w.cfg.name)]), g.occupancy().0 as f64)),
+    );
+    f.gauge(
+        "dynamo_request_queue",
+        "Requests waiting for an engine slot of the worker (request_queue_limit)",
+        gates
+            .iter()
+            .map(|(w, g)| (labels(&[("worker", &w.cfg.name)]), g.occupancy().1 as f64)),
     );
 
     // Spillway's own series.

@@ -86,6 +86,33 @@ impl Outcome {
     }
 }
 
+/// Why a request moved to another worker (`dynamo_frontend_model_migration_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigrationReason {
+    WorkerAtCapacity,
+    QueueTimeout,
+    UpstreamOverloaded,
+    UpstreamUnavailable,
+}
+
+impl MigrationReason {
+    pub const ALL: [MigrationReason; 4] = [
+        MigrationReason::WorkerAtCapacity,
+        MigrationReason::QueueTimeout,
+        MigrationReason::UpstreamOverloaded,
+        MigrationReason::UpstreamUnavailable,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            MigrationReason::WorkerAtCapacity => "worker_at_capacity",
+            MigrationReason::QueueTimeout => "queue_timeout",
+            MigrationReason::UpstreamOverloaded => "upstream_overloaded",
+            MigrationReason::UpstreamUnavailable => "upstream_unavailable",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestType {
     Unary,
@@ -160,7 +187,7 @@ pub struct ModelCore {
     pub ttft: Histogram<18>,
     pub itl: Histogram<13>,
     pub duration: Histogram<10>,
-    migrations: [AtomicU64; 2],
+    migrations: [AtomicU64; 4],
 }
 
 impl Default for ModelCore {
@@ -193,10 +220,9 @@ impl ModelCore {
         add(&self.rejections[e.index()], 1);
     }
 
-    /// `ongoing`: migrated after the request had started streaming (never, today).
     #[inline]
-    pub fn migrated(&self, ongoing: bool) {
-        add(&self.migrations[usize::from(ongoing)], 1);
+    pub fn migrated(&self, reason: MigrationReason) {
+        add(&self.migrations[reason as usize], 1);
     }
 }
 
@@ -230,10 +256,10 @@ impl ModelMetrics {
             .sum()
     }
 
-    pub fn migrations(&self, ongoing: bool) -> u64 {
+    pub fn migrations(&self, reason: MigrationReason) -> u64 {
         self.cores
             .iter()
-            .map(|c| c.migrations[usize::from(ongoing)].load(Relaxed))
+            .map(|c| c.migrations[reason as usize].load(Relaxed))
             .sum()
     }
 

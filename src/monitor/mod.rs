@@ -182,7 +182,13 @@ impl Monitor {
             staleness,
             &mut self.scratch,
         );
-        if self.scratch == *self.published {
+        // Workers marked overloaded by a refusal are skipped until the next publication:
+        // publish a new generation even when the set itself did not change.
+        let marked = snap
+            .workers
+            .iter()
+            .any(|w| w.state.is_overloaded(self.published.generation));
+        if self.scratch == *self.published && !marked {
             return false;
         }
         let mut next = self.scratch.clone();

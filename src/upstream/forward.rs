@@ -17,16 +17,16 @@ use monoio::net::tcp::TcpOwnedWriteHalf;
 
 use super::{Tracked, connect, inflight_here};
 use crate::config::RouterMode;
-use crate::config::snapshot::{Model, Snapshot};
+use crate::config::snapshot::{Model, Snapshot, Worker};
 use crate::core::reader::{ClientReader, ReadDone};
 use crate::core::{CoreCtx, clock};
 use crate::http::chunked::ChunkedParser;
-use crate::http::limits::{COALESCE_BODY_MAX, RESPONSE_READ_BUF};
+use crate::http::limits::{INITIAL_READ_BUF, RESPONSE_READ_BUF};
 use crate::http::response::{ResponseHead, parse_response};
 use crate::http::sse::SseCounter;
 use crate::http::write::{ClientFraming, LAST_CHUNK, chunk, client_response_head};
 use crate::http::{BodyFraming, HttpError};
-use crate::metrics::{ITL_BUCKETS, Outcome, RequestType, TTFT_BUCKETS, add, sub};
+use crate::metrics::{ITL_BUCKETS, MigrationReason, Outcome, RequestType, TTFT_BUCKETS, add, sub};
 use crate::route::{self, DirectRefusal, Endpoint, MemberState, Pick};
 
 /// The client side of the connection, lent to the forwarder.
@@ -60,7 +60,10 @@ pub struct Outbound<'a> {
 /// Why no response came from a worker; answered locally before any response byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Reject {
+    /// Every eligible worker is busy (pool-wide; never migrated).
     Overloaded,
+    /// Worker-local refusals left no worker to migrate to, or the migration limit is spent.
+    WorkerOverloaded(Refusal),
     DirectBusy,
     Unavailable,
     DirectMissingHeader,
@@ -72,12 +75,38 @@ pub enum Reject {
 impl Reject {
     pub fn outcome(self) -> Outcome {
         match self {
-            Reject::Overloaded | Reject::DirectBusy => Outcome::Overload,
+            Reject::Overloaded | Reject::WorkerOverloaded(_) | Reject::DirectBusy => {
+                Outcome::Overload
+            }
             Reject::Unavailable => Outcome::Unavailable,
             Reject::DirectMissingHeader => Outcome::Validation,
             Reject::DirectUnknownWorker => Outcome::NotFound,
             Reject::BadGateway(_) => Outcome::Internal,
             Reject::GatewayTimeout => Outcome::ResponseTimeout,
+        }
+    }
+}
+
+/// A worker-local refusal (semantics §6): the request may move to another worker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// Engine slots and queue full here.
+    AtCapacity,
+    /// Waited in this worker's queue past `request_queue_timeout_ms`.
+    QueueTimeout,
+    /// The worker answered 529 (or the overload status).
+    UpstreamOverloaded,
+    /// The worker answered 503.
+    UpstreamUnavailable,
+}
+
+impl Refusal {
+    fn reason(self) -> MigrationReason {
+        match self {
+            Refusal::AtCapacity => MigrationReason::WorkerAtCapacity,
+            Refusal::QueueTimeout => MigrationReason::QueueTimeout,
+            Refusal::UpstreamOverloaded => MigrationReason::UpstreamOverloaded,
+            Refusal::UpstreamUnavailable => MigrationReason::UpstreamUnavailable,
         }
     }
 }
@@ -92,22 +121,22 @@ pub enum Forwarded {
     Abort(Outcome),
 }
 
-/// Races an upstream operation against the client read in flight and a deadline, without
-/// dropping either side's operation when the other wins.
+/// Races some work against the client read in flight and a deadline, without dropping
+/// either side's operation when the other wins.
 enum Race<T> {
-    Upstream(T),
+    Work(T),
     Client(io::Result<usize>),
     Timeout,
 }
 
 async fn race<U: Future, F: Future<Output = ReadDone>>(
-    mut up: Pin<&mut U>,
+    mut work: Pin<&mut U>,
     reader: &mut Pin<&mut ClientReader<F>>,
     mut sleep: Pin<&mut monoio::time::Sleep>,
 ) -> Race<U::Output> {
     std::future::poll_fn(|cx| {
-        if let Poll::Ready(v) = up.as_mut().poll(cx) {
-            return Poll::Ready(Race::Upstream(v));
+        if let Poll::Ready(v) = work.as_mut().poll(cx) {
+            return Poll::Ready(Race::Work(v));
         }
         if let Poll::Ready(r) = reader.as_mut().poll_read(cx) {
             return Poll::Ready(Race::Client(r));
@@ -120,14 +149,32 @@ async fn race<U: Future, F: Future<Output = ReadDone>>(
     .await
 }
 
-/// Ends an upstream wait early.
+/// Ends a wait early.
 enum Interrupt {
     ClientGone,
     Timeout,
 }
 
-/// One upstream read appended to `rbuf`, while the client is watched. Pipelined client
-/// bytes arriving meanwhile are kept and the watch re-armed (up to `watch_limit`).
+/// Waits for `work` while watching the client: pipelined bytes arriving meanwhile are kept
+/// (the watch re-arms only when nothing is buffered); a disconnect ends the wait.
+async fn watched<U: Future, F: Future<Output = ReadDone>>(
+    work: U,
+    reader: &mut Pin<&mut ClientReader<F>>,
+    deadline: Instant,
+) -> Result<U::Output, Interrupt> {
+    let mut sleep = std::pin::pin!(monoio::time::sleep_until(deadline.into()));
+    let mut work = std::pin::pin!(work);
+    loop {
+        match race(work.as_mut(), reader, sleep.as_mut()).await {
+            Race::Work(v) => return Ok(v),
+            Race::Client(Ok(n)) if n > 0 => reader.as_mut().watch(),
+            Race::Client(_) => return Err(Interrupt::ClientGone),
+            Race::Timeout => return Err(Interrupt::Timeout),
+        }
+    }
+}
+
+/// One upstream read appended to `rbuf`, while the client is watched.
 async fn read_upstream<F: Future<Output = ReadDone>>(
     stream: &mut TcpStream,
     rbuf: &mut Vec<u8>,
@@ -139,19 +186,9 @@ async fn read_upstream<F: Future<Output = ReadDone>>(
     }
     let len = rbuf.len();
     let buf = std::mem::take(rbuf);
-    let mut sleep = std::pin::pin!(monoio::time::sleep_until(deadline.into()));
-    let mut up = std::pin::pin!(stream.read(buf.slice_mut(len..)));
-    loop {
-        match race(up.as_mut(), reader, sleep.as_mut()).await {
-            Race::Upstream((res, slice)) => {
-                *rbuf = slice.into_inner();
-                return Ok(res);
-            }
-            Race::Client(Ok(n)) if n > 0 => reader.as_mut().watch(),
-            Race::Client(_) => return Err(Interrupt::ClientGone),
-            Race::Timeout => return Err(Interrupt::Timeout),
-        }
-    }
+    let (res, slice) = watched(stream.read(buf.slice_mut(len..)), reader, deadline).await?;
+    *rbuf = slice.into_inner();
+    Ok(res)
 }
 
 async fn write_all(writer: &mut TcpOwnedWriteHalf, out: &mut Vec<u8>) -> io::Result<()> {
@@ -171,71 +208,68 @@ async fn write_prefix(
     res.map(drop)
 }
 
-/// Sends the prepared head (and the body, unless it was coalesced into the head buffer).
-async fn send<F: Future<Output = ReadDone>>(
-    stream: &mut TcpStream,
-    c: &mut Client<'_, F>,
-    body: Option<Range<usize>>,
-) -> io::Result<()> {
-    let (res, head) = stream.write_all(std::mem::take(c.out)).await;
-    *c.out = head;
-    res?;
-    if let Some(range) = body {
-        let Some(buf) = c.reader.as_mut().buf_mut() else {
-            return Err(io::ErrorKind::Other.into());
-        };
-        let (res, slice) = stream.write_all(std::mem::take(buf).slice(range)).await;
-        if let Some(buf) = c.reader.as_mut().buf_mut() {
-            *buf = slice.into_inner();
-        }
-        res?;
-    }
-    Ok(())
+/// Sends the prepared request (head and body) kept in `out`.
+async fn send(stream: &mut TcpStream, out: &mut Vec<u8>) -> io::Result<()> {
+    let (res, buf) = stream.write_all(std::mem::take(out)).await;
+    *out = buf;
+    res.map(drop)
 }
 
-fn pick<F>(
-    ctx: &CoreCtx,
-    c: &Client<'_, F>,
-    req: &Outbound<'_>,
+/// Members this request must not use again: `failed` (connect failures, like down) and
+/// `refused` (worker-local refusals, like busy). Bit i is member i; pools beyond 128
+/// members rely on the shared down and overloaded marks alone.
+#[derive(Debug, Default, Clone, Copy)]
+struct Excluded {
     failed: u128,
+    refused: u128,
+}
+
+fn bit(pos: usize) -> u128 {
+    1u128.checked_shl(pos as u32).unwrap_or(0)
+}
+
+/// Picks a member; `Ok((position, busy-set generation))`.
+fn pick(
+    ctx: &CoreCtx,
+    req: &Outbound<'_>,
+    worker_id: Option<&[u8]>,
+    ex: Excluded,
     now: u64,
-) -> Result<usize, Reject>
-where
-    F: Future<Output = ReadDone>,
-{
+) -> Result<(usize, u64), Reject> {
     let model = req.model;
     let snap = req.snap;
     let mut cache = ctx.busy.borrow_mut();
     let busy = cache.load();
     let shed = busy.enabled(model.id);
+    let generation = busy.generation;
     let state = |i: usize| {
         let m = model.members[i];
         let w = &snap.workers[m.worker as usize].state;
         MemberState {
-            unreachable: w.is_down(now) || (i < 128 && failed & (1u128 << i) != 0),
-            busy: shed && busy.is_busy(m.id),
+            unreachable: w.is_down(now) || ex.failed & bit(i) != 0,
+            busy: (shed && busy.is_busy(m.id))
+                || w.is_overloaded(generation)
+                || ex.refused & bit(i) != 0,
             inflight: inflight_here(w, ctx.id),
             load: busy.load(m.id),
         }
     };
     let n = model.members.len();
     if model.router_mode == RouterMode::Direct {
-        let id = req
-            .worker_id
-            .clone()
-            .map(|r| c.reader.buf().get(r).unwrap_or_default());
         let name = |i: usize| {
             snap.workers[model.members[i].worker as usize]
                 .cfg
                 .name
                 .as_bytes()
         };
-        return route::pick_direct(id, n, name, state).map_err(|r| match r {
-            DirectRefusal::MissingHeader => Reject::DirectMissingHeader,
-            DirectRefusal::UnknownWorker => Reject::DirectUnknownWorker,
-            DirectRefusal::Busy => Reject::DirectBusy,
-            DirectRefusal::Unreachable => Reject::Unavailable,
-        });
+        return route::pick_direct(worker_id, n, name, state)
+            .map(|i| (i, generation))
+            .map_err(|r| match r {
+                DirectRefusal::MissingHeader => Reject::DirectMissingHeader,
+                DirectRefusal::UnknownWorker => Reject::DirectUnknownWorker,
+                DirectRefusal::Busy => Reject::DirectBusy,
+                DirectRefusal::Unreachable => Reject::Unavailable,
+            });
     }
     let mut rr = ctx.rr(model.id);
     let picked = route::pick(
@@ -247,7 +281,7 @@ where
     );
     ctx.set_rr(model.id, rr);
     match picked {
-        Pick::Member(i) => Ok(i),
+        Pick::Member(i) => Ok((i, generation)),
         Pick::Overloaded => Err(Reject::Overloaded),
         Pick::Unavailable => Err(Reject::Unavailable),
     }
@@ -271,10 +305,9 @@ pub async fn forward<F: Future<Output = ReadDone>>(
         Forwarded::Reject(r) => r.outcome(),
         Forwarded::Abort(o) => o,
     };
-    if matches!(
-        result,
-        Forwarded::Reject(Reject::Overloaded | Reject::DirectBusy)
-    ) {
+    if result == Forwarded::Reject(Reject::Overloaded)
+        || result == Forwarded::Reject(Reject::DirectBusy)
+    {
         m.rejected(req.endpoint);
     }
     m.request_done(req.endpoint, req.request_type, outcome);
@@ -287,138 +320,227 @@ pub async fn forward<F: Future<Output = ReadDone>>(
     result
 }
 
+/// What one attempt on one worker came to.
+enum Attempt {
+    Finished(Forwarded),
+    /// Try another worker, if the request may still move.
+    Refused(Refusal),
+    /// Connect failed: the worker is marked down; try another (not a migration).
+    Unreachable,
+}
+
 async fn exchange<F: Future<Output = ReadDone>>(
     ctx: &CoreCtx,
     c: &mut Client<'_, F>,
     req: &Outbound<'_>,
 ) -> Forwarded {
     let snap = req.snap;
-    let limits = &snap.config.limits;
     let model = req.model;
 
-    // Small bodies ride in the head's write.
-    let body_len = req.body.len();
-    let separate_body = if body_len <= COALESCE_BODY_MAX {
-        let body = c.reader.buf().get(req.body.clone()).unwrap_or_default();
-        c.out.extend_from_slice(body);
-        None
-    } else {
-        Some(req.body.clone())
-    };
+    // Detach the request from the client buffer: the body joins the head in `out` (one
+    // write per attempt, kept for migration), the direct-mode worker id is copied, and the
+    // client's bytes are consumed so its socket can be watched from here on.
+    let buf = c.reader.buf();
+    c.out
+        .extend_from_slice(buf.get(req.body.clone()).unwrap_or_default());
+    let mut wid = [0u8; 128];
+    let wid_len = req
+        .worker_id
+        .clone()
+        .and_then(|r| buf.get(r))
+        .filter(|id| id.len() <= wid.len())
+        .map(|id| {
+            wid[..id.len()].copy_from_slice(id);
+            id.len()
+        });
+    let worker_id = wid_len.map(|n| &wid[..n]);
+    c.reader.as_mut().consume(req.request_end, INITIAL_READ_BUF);
+    c.reader.as_mut().watch();
 
-    // Pick, connect, send; unreachable workers are marked down and the next one is tried.
-    let mut failed: u128 = 0;
-    let (pos, mut stream) = loop {
+    let mut ex = Excluded::default();
+    let mut migrations = 0u32;
+    let mut last_refusal = None;
+    loop {
         let now = clock::now_ms();
-        let pos = match pick(ctx, c, req, failed, now) {
-            Ok(pos) => pos,
-            Err(r) => {
-                c.reader
-                    .as_mut()
-                    .consume(req.request_end, crate::http::limits::INITIAL_READ_BUF);
-                return Forwarded::Reject(r);
+        let (pos, generation) = match pick(ctx, req, worker_id, ex, now) {
+            Ok(p) => p,
+            Err(Reject::Overloaded) if last_refusal.is_some() => {
+                return Forwarded::Reject(
+                    last_refusal.map_or(Reject::Overloaded, Reject::WorkerOverloaded),
+                );
             }
+            Err(r) => return Forwarded::Reject(r),
         };
         let worker = &snap.workers[model.members[pos].worker as usize];
-        let pooled =
-            ctx.pools
-                .borrow_mut()
-                .take(worker.state.slot, now, limits.pool_idle_timeout_ms);
-        let reused = pooled.is_some();
-        let mut stream = match pooled {
-            Some(s) => s,
-            None => match connect_worker(ctx, worker, now, limits).await {
-                Some(s) => s,
-                None => {
-                    failed |= 1u128.checked_shl(pos as u32).unwrap_or(0);
-                    add(&ctx.counters().failovers, 1);
-                    continue;
-                }
-            },
-        };
-        match send(&mut stream, c, separate_body.clone()).await {
-            Ok(()) => break (pos, stream),
-            // A kept-alive connection the worker closed under us, detected before the
-            // request went out: retry once on a fresh connection. Nothing else is replayed.
-            Err(e) if reused => {
-                tracing::debug!(worker = %worker.cfg.name, error = %e, "pooled connection failed on write; retrying fresh");
-                add(&ctx.counters().upstream_reuse_retries, 1);
-                let Some(mut fresh) = connect_worker(ctx, worker, clock::now_ms(), limits).await
-                else {
-                    failed |= 1u128.checked_shl(pos as u32).unwrap_or(0);
-                    continue;
-                };
-                match send(&mut fresh, c, separate_body.clone()).await {
-                    Ok(()) => break (pos, fresh),
-                    Err(_) => {
-                        c.reader
-                            .as_mut()
-                            .consume(req.request_end, crate::http::limits::INITIAL_READ_BUF);
-                        return Forwarded::Reject(Reject::BadGateway(
-                            "the worker closed the connection",
-                        ));
-                    }
-                }
+        match attempt(ctx, c, req, worker).await {
+            Attempt::Finished(f) => return f,
+            Attempt::Unreachable => {
+                ex.failed |= bit(pos);
+                add(&ctx.counters().failovers, 1);
             }
-            Err(e) => {
-                tracing::warn!(worker = %worker.cfg.name, error = %e, "sending the request failed");
-                c.reader
-                    .as_mut()
-                    .consume(req.request_end, crate::http::limits::INITIAL_READ_BUF);
-                return Forwarded::Reject(Reject::BadGateway("the worker closed the connection"));
+            Attempt::Refused(refusal) => {
+                match refusal {
+                    Refusal::UpstreamUnavailable => worker
+                        .state
+                        .inhibit(now, snap.config.limits.worker_down_backoff_ms),
+                    _ => worker.state.mark_overloaded(generation),
+                }
+                tracing::debug!(worker = %worker.cfg.name, ?refusal, migrations, "worker refused the request");
+                if migrations >= snap.config.migration_limit
+                    || model.router_mode == RouterMode::Direct
+                {
+                    return Forwarded::Reject(match refusal {
+                        Refusal::UpstreamUnavailable => Reject::Unavailable,
+                        r => Reject::WorkerOverloaded(r),
+                    });
+                }
+                migrations += 1;
+                model.metrics.cores[ctx.id].migrated(refusal.reason());
+                ex.refused |= bit(pos);
+                if refusal != Refusal::UpstreamUnavailable {
+                    last_refusal = Some(refusal);
+                }
             }
         }
-    };
-    c.reader
-        .as_mut()
-        .consume(req.request_end, crate::http::limits::INITIAL_READ_BUF);
-    c.out.clear();
+    }
+}
 
-    let worker = &snap.workers[model.members[pos].worker as usize];
+/// Admission, connection, request and response on one worker.
+async fn attempt<F: Future<Output = ReadDone>>(
+    ctx: &CoreCtx,
+    c: &mut Client<'_, F>,
+    req: &Outbound<'_>,
+    worker: &Worker,
+) -> Attempt {
+    let snap = req.snap;
+    let limits = &snap.config.limits;
+
+    // Admission: a slot now, a place in the queue, or a refusal.
+    let ticket = match worker.gate.as_deref() {
+        None => None,
+        Some(gate) => match gate.enter() {
+            None => return Attempt::Refused(Refusal::AtCapacity),
+            Some(t) => Some((gate, t)),
+        },
+    };
+    if let Some((gate, t)) = &ticket {
+        if !t.is_ready() {
+            let deadline =
+                Instant::now() + Duration::from_millis(worker.cfg.request_queue_timeout_ms);
+            match watched(t.ready(), &mut c.reader, deadline).await {
+                Ok(()) => {}
+                Err(Interrupt::ClientGone) => {
+                    add(&ctx.counters().client_disconnects, 1);
+                    return Attempt::Finished(Forwarded::Abort(Outcome::Cancelled));
+                }
+                // The deadline and the turn can come together: a ready ticket goes ahead.
+                Err(Interrupt::Timeout) if t.is_ready() => {}
+                Err(Interrupt::Timeout) => {
+                    gate.count_rejection();
+                    return Attempt::Refused(Refusal::QueueTimeout);
+                }
+            }
+        }
+    }
+
+    // Connection: pooled (retried once fresh if it fails on write) or new.
+    let now = clock::now_ms();
+    let pooled = ctx
+        .pools
+        .borrow_mut()
+        .take(worker.state.slot, now, limits.pool_idle_timeout_ms);
+    let reused = pooled.is_some();
+    let mut stream = match pooled {
+        Some(s) => s,
+        None => match connect_worker(ctx, worker, now, limits).await {
+            Some(s) => s,
+            None => return Attempt::Unreachable,
+        },
+    };
+    if let Err(e) = send(&mut stream, c.out).await {
+        if !reused {
+            tracing::warn!(worker = %worker.cfg.name, error = %e, "sending the request failed");
+            return Attempt::Finished(Forwarded::Reject(Reject::BadGateway(
+                "the worker closed the connection",
+            )));
+        }
+        // A kept-alive connection the worker closed under us, detected before the request
+        // went out: retry once on a fresh connection. Nothing else is replayed.
+        tracing::debug!(worker = %worker.cfg.name, error = %e, "pooled connection failed on write; retrying fresh");
+        add(&ctx.counters().upstream_reuse_retries, 1);
+        stream = match connect_worker(ctx, worker, clock::now_ms(), limits).await {
+            Some(s) => s,
+            None => return Attempt::Unreachable,
+        };
+        if send(&mut stream, c.out).await.is_err() {
+            return Attempt::Finished(Forwarded::Reject(Reject::BadGateway(
+                "the worker closed the connection",
+            )));
+        }
+    }
+
     let mut tracked = Tracked::start(
         &worker.state,
         ctx.id,
         req.prompt_tokens,
         worker.cfg.block_size,
     );
-
-    // Watch the client from now on: a disconnect ends the exchange at once.
-    c.reader.as_mut().watch();
     c.rbuf.clear();
     let first_byte_timeout = Duration::from_millis(limits.upstream_first_byte_timeout_ms);
     let mut resp = ResponseHead::default();
     loop {
-        let deadline = Instant::now() + first_byte_timeout;
-        match read_upstream(&mut stream, c.rbuf, &mut c.reader, deadline).await {
+        match read_upstream(
+            &mut stream,
+            c.rbuf,
+            &mut c.reader,
+            Instant::now() + first_byte_timeout,
+        )
+        .await
+        {
             Err(Interrupt::ClientGone) => {
                 add(&ctx.counters().client_disconnects, 1);
-                return Forwarded::Abort(Outcome::Cancelled);
+                return Attempt::Finished(Forwarded::Abort(Outcome::Cancelled));
             }
-            Err(Interrupt::Timeout) => return Forwarded::Reject(Reject::GatewayTimeout),
+            Err(Interrupt::Timeout) => {
+                return Attempt::Finished(Forwarded::Reject(Reject::GatewayTimeout));
+            }
             Ok(Ok(0)) | Ok(Err(_)) => {
-                return Forwarded::Reject(Reject::BadGateway(
+                return Attempt::Finished(Forwarded::Reject(Reject::BadGateway(
                     "the worker closed the connection before responding",
-                ));
+                )));
             }
             Ok(Ok(_)) => {}
         }
         match parse_response(c.rbuf, limits.max_header_bytes, false, &mut resp) {
             Ok(false) => continue,
+            Ok(true) if resp.status == 101 => {
+                return Attempt::Finished(Forwarded::Reject(Reject::BadGateway(
+                    "unexpected protocol switch",
+                )));
+            }
             Ok(true) if resp.is_informational() => {
-                if resp.status == 101 {
-                    return Forwarded::Reject(Reject::BadGateway("unexpected protocol switch"));
-                }
                 c.rbuf.drain(..resp.head_len);
                 continue;
             }
             Ok(true) => break,
             Err(HttpError::HeaderTooLarge) => {
-                return Forwarded::Reject(Reject::BadGateway("response head too large"));
+                return Attempt::Finished(Forwarded::Reject(Reject::BadGateway(
+                    "response head too large",
+                )));
             }
             Err(_) => {
-                return Forwarded::Reject(Reject::BadGateway("malformed response from the worker"));
+                return Attempt::Finished(Forwarded::Reject(Reject::BadGateway(
+                    "malformed response from the worker",
+                )));
             }
         }
+    }
+    // A refusal from the worker itself, before any body byte: worker-local, migratable.
+    if resp.status == 529 || resp.status == snap.config.overload_status_code {
+        return Attempt::Refused(Refusal::UpstreamOverloaded);
+    }
+    if resp.status == 503 {
+        return Attempt::Refused(Refusal::UpstreamUnavailable);
     }
 
     let relayed = relay(
@@ -432,6 +554,7 @@ async fn exchange<F: Future<Output = ReadDone>>(
     )
     .await;
     drop(tracked);
+    drop(ticket);
     match relayed {
         Ok(reusable) => {
             if reusable {
@@ -445,18 +568,18 @@ async fn exchange<F: Future<Output = ReadDone>>(
             let keep_alive = req.client_keep_alive
                 && ClientFraming::for_response(resp.framing(), req.client_minor)
                     .allows_keep_alive();
-            Forwarded::Done {
+            Attempt::Finished(Forwarded::Done {
                 keep_alive,
                 status: resp.status,
-            }
+            })
         }
-        Err(outcome) => Forwarded::Abort(outcome),
+        Err(outcome) => Attempt::Finished(Forwarded::Abort(outcome)),
     }
 }
 
 async fn connect_worker(
     ctx: &CoreCtx,
-    worker: &crate::config::snapshot::Worker,
+    worker: &Worker,
     now: u64,
     limits: &crate::http::Limits,
 ) -> Option<TcpStream> {
@@ -537,6 +660,8 @@ async fn relay<F: Future<Output = ReadDone>>(
     let framing = resp.framing();
     let cf = ClientFraming::for_response(framing, req.client_minor);
     let keep_client = req.client_keep_alive && cf.allows_keep_alive();
+    // The request in `out` is no longer needed: the response is committed to this worker.
+    c.out.clear();
     client_response_head(
         c.out,
         c.rbuf,
