@@ -423,22 +423,19 @@ async fn attempt<F: Future<Output = ReadDone>>(
             Some(t) => Some((gate, t)),
         },
     };
-    if let Some((gate, t)) = &ticket {
-        if !t.is_ready() {
-            let deadline =
-                Instant::now() + Duration::from_millis(worker.cfg.request_queue_timeout_ms);
-            match watched(t.ready(), &mut c.reader, deadline).await {
-                Ok(()) => {}
-                Err(Interrupt::ClientGone) => {
-                    add(&ctx.counters().client_disconnects, 1);
-                    return Attempt::Finished(Forwarded::Abort(Outcome::Cancelled));
-                }
-                // The deadline and the turn can come together: a ready ticket goes ahead.
-                Err(Interrupt::Timeout) if t.is_ready() => {}
-                Err(Interrupt::Timeout) => {
-                    gate.count_rejection();
-                    return Attempt::Refused(Refusal::QueueTimeout);
-                }
+    if let Some((gate, t)) = ticket.as_ref().filter(|(_, t)| !t.is_ready()) {
+        let deadline = Instant::now() + Duration::from_millis(worker.cfg.request_queue_timeout_ms);
+        match watched(t.ready(), &mut c.reader, deadline).await {
+            Ok(()) => {}
+            Err(Interrupt::ClientGone) => {
+                add(&ctx.counters().client_disconnects, 1);
+                return Attempt::Finished(Forwarded::Abort(Outcome::Cancelled));
+            }
+            // The deadline and the turn can come together: a ready ticket goes ahead.
+            Err(Interrupt::Timeout) if t.is_ready() => {}
+            Err(Interrupt::Timeout) => {
+                gate.count_rejection();
+                return Attempt::Refused(Refusal::QueueTimeout);
             }
         }
     }
