@@ -14,7 +14,7 @@ use std::rc::Rc;
 use std::task::{Poll, Waker};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use monoio::io::{AsyncReadRent, AsyncWriteRentExt, Splitable};
+use monoio::io::{AsyncWriteRentExt, Splitable};
 use monoio::net::tcp::TcpOwnedWriteHalf;
 use monoio::net::{TcpListener, TcpStream};
 
@@ -149,13 +149,6 @@ pub fn run(
                 return;
             }
         };
-        let mut stop = match monoio::net::UnixStream::from_std(stop) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot adopt the stop channel");
-                return;
-            }
-        };
         let push_interval = Duration::from_millis(cfg.push_interval_ms.max(1));
         let mock = Rc::new(Mock {
             model_json: serde_json::to_string(&cfg.model).unwrap_or_else(|_| "\"\"".into()),
@@ -170,22 +163,10 @@ pub fn run(
         if let Some((target, worker)) = push {
             monoio::spawn(push::run(mock.clone(), target, worker, push_interval));
         }
-        let mut stopped = std::pin::pin!(stop.read(vec![0u8; 1]));
-        loop {
-            let accepted = monoio::select! {
-                _ = &mut stopped => return,
-                a = listener.accept() => a,
-            };
-            match accepted {
-                Ok((stream, _)) => {
-                    monoio::spawn(serve(mock.clone(), stream));
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "mock engine accept failed");
-                    monoio::time::sleep(Duration::from_millis(10)).await;
-                }
-            }
-        }
+        crate::core::accept_until_stopped(&listener, stop, "mock", |stream, _| {
+            monoio::spawn(serve(mock.clone(), stream));
+        })
+        .await;
     });
 }
 
