@@ -1,11 +1,13 @@
-//! Command line: `spillway [--config FILE]`, `spillway check-config FILE`, and the
-//! Dynamo-named knobs (semantics §9), each also readable from its environment variable.
+//! Command line: `spillway [--config FILE]`, `spillway check-config FILE`,
+//! `spillway mock-engine [FLAGS]`, and the Dynamo-named knobs (semantics §9), each also
+//! readable from its environment variable.
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
 use crate::config::{Config, ConfigError, DEFAULT_CONFIG, Overrides, RouterMode};
+use crate::mock::{MockConfig, defaults};
 use crate::shed::Thresholds;
 
 #[derive(Debug, Parser)]
@@ -19,7 +21,7 @@ pub struct Cli {
     pub command: Option<Command>,
 
     /// Configuration file (TOML). Without it the embedded default (tuning/spillway.toml) runs.
-    #[arg(long, short = 'c', global = true)]
+    #[arg(long, short = 'c', global = true, help_heading = PROXY_OPTIONS)]
     pub config: Option<PathBuf>,
 
     #[command(flatten)]
@@ -33,10 +35,85 @@ pub enum Command {
         /// The file to check.
         file: PathBuf,
     },
+    /// Run a simulated OpenAI-compatible inference engine (continuous batching, paged KV
+    /// cache, vLLM metrics) to put behind Spillway.
+    MockEngine(MockArgs),
 }
+
+/// `spillway mock-engine` flags; see [`MockConfig`] for what each one means.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MockArgs {
+    /// Address to serve on.
+    #[arg(long, default_value_t = defaults::LISTEN)]
+    pub listen: std::net::SocketAddr,
+    /// Served model name; requests for another model get 404.
+    #[arg(long, default_value = defaults::MODEL)]
+    pub model: String,
+    /// Seed of the generated text.
+    #[arg(long, default_value_t = defaults::SEED)]
+    pub seed: u64,
+    /// KV-cache size in blocks (vLLM's num_gpu_blocks).
+    #[arg(long, default_value_t = defaults::KV_BLOCKS)]
+    pub kv_blocks: u64,
+    /// Tokens per KV block.
+    #[arg(long, default_value_t = defaults::BLOCK_SIZE)]
+    pub block_size: u32,
+    /// Most sequences in the running batch.
+    #[arg(long, default_value_t = defaults::MAX_NUM_SEQS)]
+    pub max_num_seqs: u32,
+    /// Token budget of one engine step (decode tokens plus prefill chunks).
+    #[arg(long, default_value_t = defaults::MAX_NUM_BATCHED_TOKENS)]
+    pub max_num_batched_tokens: u32,
+    /// Prefill throughput in prompt tokens per second.
+    #[arg(long, default_value_t = defaults::PREFILL_TOKENS_PER_S)]
+    pub prefill_tokens_per_s: f64,
+    /// Fixed cost of every engine step, in milliseconds.
+    #[arg(long = "decode-step-ms", default_value_t = defaults::DECODE_STEP_BASE_MS)]
+    pub decode_step_base_ms: f64,
+    /// Added step cost per sequence in the batch, in milliseconds.
+    #[arg(long, default_value_t = defaults::DECODE_STEP_PER_SEQ_MS)]
+    pub decode_step_per_seq_ms: f64,
+    /// max_tokens of requests that set none.
+    #[arg(long, default_value_t = defaults::DEFAULT_MAX_TOKENS)]
+    pub default_max_tokens: u32,
+    /// Spillway admin base URL to push load events to (POST {URL}/load).
+    #[arg(long, value_name = "URL")]
+    pub push_load: Option<String>,
+    /// worker_id in pushed events (default: the listen host:port).
+    #[arg(long)]
+    pub worker_name: Option<String>,
+    /// How often load is pushed, in milliseconds.
+    #[arg(long, default_value_t = defaults::PUSH_INTERVAL_MS)]
+    pub push_interval_ms: u64,
+}
+
+impl MockArgs {
+    pub fn config(&self) -> MockConfig {
+        MockConfig {
+            listen: self.listen,
+            model: self.model.clone(),
+            seed: self.seed,
+            kv_blocks: self.kv_blocks,
+            block_size: self.block_size,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            prefill_tokens_per_s: self.prefill_tokens_per_s,
+            decode_step_base_ms: self.decode_step_base_ms,
+            decode_step_per_seq_ms: self.decode_step_per_seq_ms,
+            default_max_tokens: self.default_max_tokens,
+            push_load: self.push_load.clone(),
+            worker_name: self.worker_name.clone(),
+            push_interval_ms: self.push_interval_ms,
+        }
+    }
+}
+
+/// Help heading of the proxy's options, which clap also lists under every subcommand.
+const PROXY_OPTIONS: &str = "Proxy options";
 
 /// Dynamo-compatible knobs: defaults for every model, below per-model keys in the file.
 #[derive(Debug, Clone, Default, clap::Args)]
+#[command(next_help_heading = PROXY_OPTIONS)]
 pub struct Knobs {
     /// Busy when used KV blocks exceed this fraction of the total (0.0..=1.0).
     #[arg(long, env = "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD", global = true)]
@@ -132,6 +209,45 @@ mod tests {
         let cli = Cli::try_parse_from(["spillway", "check-config", "f.toml"]).unwrap();
         assert!(matches!(cli.command, Some(Command::CheckConfig { .. })));
         assert!(Cli::try_parse_from(["spillway", "--router-mode", "kv"]).is_err());
+    }
+
+    #[test]
+    fn mock_engine_flags() {
+        let cli = Cli::try_parse_from(["spillway", "mock-engine"]).unwrap();
+        let Some(Command::MockEngine(args)) = cli.command else {
+            panic!("mock-engine subcommand");
+        };
+        assert_eq!(args.config(), MockConfig::default());
+        let cli = Cli::try_parse_from([
+            "spillway",
+            "mock-engine",
+            "--listen",
+            "127.0.0.1:0",
+            "--model",
+            "Qwen/Qwen3-0.6B",
+            "--kv-blocks",
+            "100",
+            "--decode-step-ms",
+            "20",
+            "--decode-step-per-seq-ms",
+            "0.5",
+            "--push-load",
+            "http://127.0.0.1:9090",
+            "--worker-name",
+            "w1",
+        ])
+        .unwrap();
+        let Some(Command::MockEngine(args)) = cli.command else {
+            panic!("mock-engine subcommand");
+        };
+        let c = args.config();
+        assert_eq!(c.listen.port(), 0);
+        assert_eq!(c.model, "Qwen/Qwen3-0.6B");
+        assert_eq!(c.kv_blocks, 100);
+        assert_eq!(c.decode_step_base_ms, 20.0);
+        assert_eq!(c.decode_step_per_seq_ms, 0.5);
+        assert_eq!(c.push_load.as_deref(), Some("http://127.0.0.1:9090"));
+        assert_eq!(c.worker_name.as_deref(), Some("w1"));
     }
 
     #[test]

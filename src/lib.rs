@@ -3,7 +3,8 @@
 //! Modules in the order a request meets them: [`config`] → [`core`] (thread-per-core
 //! runtime, accept, connection) → [`http`] (sans-io codec) → [`route`] (model lookup,
 //! router modes) → [`shed`] (busy rule) → [`upstream`] (pools, forwarding, streaming) →
-//! [`monitor`] (load state, busy publication) → [`admin`] → [`metrics`].
+//! [`monitor`] (load state, busy publication) → [`admin`] → [`metrics`]. Beside the proxy,
+//! [`mock`] is a simulated inference engine to put behind it (`spillway mock-engine`).
 
 #![forbid(unsafe_code)]
 
@@ -14,6 +15,7 @@ pub mod config;
 pub mod core;
 pub mod http;
 pub mod metrics;
+pub mod mock;
 pub mod monitor;
 pub mod route;
 pub mod shed;

@@ -17,12 +17,22 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let overrides = cli.knobs.overrides(|k| std::env::var(k).ok());
 
-    if let Some(Command::CheckConfig { file }) = &cli.command {
-        let config = load_config(Some(file), &overrides)
-            .with_context(|| format!("{} is not valid", file.display()))?;
-        print!("{}", config.to_toml());
-        eprintln!("{}: configuration OK", file.display());
-        return Ok(());
+    match &cli.command {
+        Some(Command::CheckConfig { file }) => {
+            let config = load_config(Some(file), &overrides)
+                .with_context(|| format!("{} is not valid", file.display()))?;
+            print!("{}", config.to_toml());
+            eprintln!("{}: configuration OK", file.display());
+            return Ok(());
+        }
+        Some(Command::MockEngine(args)) => {
+            let mock =
+                spillway::mock::start(args.config()).context("cannot start the mock engine")?;
+            wait_for_stop_signal()?;
+            mock.shutdown();
+            return Ok(());
+        }
+        None => {}
     }
 
     let config = load_config(cli.config.as_deref(), &overrides).context("invalid configuration")?;
@@ -39,6 +49,13 @@ fn main() -> anyhow::Result<()> {
     let server = spillway::start(config, source).context("cannot start")?;
     tracing::info!(listen = %server.data_addr, admin = %server.admin_addr, "spillway is serving");
 
+    wait_for_stop_signal()?;
+    server.shutdown();
+    Ok(())
+}
+
+/// Blocks until SIGTERM or SIGINT.
+fn wait_for_stop_signal() -> anyhow::Result<()> {
     let mut signals = signal_hook::iterator::Signals::new([
         signal_hook::consts::SIGTERM,
         signal_hook::consts::SIGINT,
@@ -47,6 +64,5 @@ fn main() -> anyhow::Result<()> {
     if let Some(sig) = signals.forever().next() {
         tracing::info!(signal = sig, "stopping");
     }
-    server.shutdown();
     Ok(())
 }

@@ -2,8 +2,6 @@
 
 mod common;
 use common::*;
-use std::io::Write;
-use std::process::{Command, Stdio};
 
 #[test]
 fn exposition_has_dynamo_series_and_passes_promtool() {
@@ -94,34 +92,11 @@ fn exposition_has_dynamo_series_and_passes_promtool() {
         assert_eq!(epoll, 2.0);
     }
 
-    match Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-    {
-        Ok(mut child) => {
-            child
-                .stdin
-                .take()
-                .unwrap()
-                .write_all(text.as_bytes())
-                .unwrap();
-            let out = child.wait_with_output().unwrap();
-            assert!(
-                out.status.success(),
-                "promtool check metrics failed:\n{}{}\n{text}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
-        Err(e) => {
-            assert!(
-                std::env::var_os("SPILLWAY_REQUIRE_PROMTOOL").is_none(),
-                "promtool is required but cannot run: {e}"
-            );
-            eprintln!("promtool not found; skipping the exposition lint ({e})");
-        }
+    if let Some(problems) = promtool_problems(&text) {
+        assert!(
+            problems.is_empty(),
+            "promtool check metrics failed:\n{}\n{text}",
+            problems.join("\n")
+        );
     }
 }

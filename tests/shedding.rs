@@ -386,3 +386,38 @@ fn tracked_load_alone_trips_the_prefill_threshold_under_a_burst() {
         once(p.data_addr, &post("/v1/completions", &body)).status == 200
     });
 }
+
+#[test]
+fn scrape_reads_a_chunked_body_that_arrives_in_pieces() {
+    let up = upstream(|s| {
+        if s.path != "/metrics" {
+            return Reply::Raw(json_response(200, "{}"));
+        }
+        let head =
+            "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ntransfer-encoding: chunked\r\n\r\n";
+        Reply::Steps(vec![
+            Step::Write(head.as_bytes().to_vec()),
+            Step::Write(chunk(
+                "vllm:cache_config_info{block_size=\"16\",engine=\"0\",num_gpu_blocks=\"1000\"} 1.0\n",
+            )),
+            Step::Sleep(Duration::from_millis(30)),
+            Step::Write(chunk(
+                "vllm:kv_cache_usage_perc{engine=\"0\",model_name=\"m\"} 0.25\n",
+            )),
+            Step::Write(b"0\r\n\r\n".to_vec()),
+        ])
+    });
+    let p = proxy(
+        1,
+        &format!(
+            "scrape_interval_ms = 50\n[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"{}\"\nname = \"a\"\nload_sources = [\"scrape\"]\n",
+            up.url()
+        ),
+    );
+    eventually("chunked metrics scraped", Duration::from_secs(5), || {
+        let state = admin_get(p.admin_addr, "/load").json();
+        state["workers"][0]["ranks"][0]["kv_used_blocks"] == 250
+    });
+    let state = admin_get(p.admin_addr, "/load").json();
+    assert!(state["workers"][0]["scrape_error"].is_null(), "{state}");
+}

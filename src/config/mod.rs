@@ -683,7 +683,7 @@ impl Validator<'_> {
 }
 
 /// `http://host:port[/]` → (host, port). HTTPS and base paths are refused with a reason.
-fn parse_http_url(url: &str) -> Result<(String, u16), String> {
+pub(crate) fn parse_http_url(url: &str) -> Result<(String, u16), String> {
     let uri: http::Uri = url
         .parse()
         .map_err(|e| format!("`{url}` is not a URL: {e}"))?;

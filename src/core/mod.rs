@@ -354,24 +354,37 @@ fn run_core(
 }
 
 async fn accept_loop(ctx: Rc<CoreCtx>, listener: TcpListener, stop: StdUnixStream) {
+    accept_until_stopped(&listener, stop, "data", |stream, peer| {
+        admit(&ctx, stream, peer)
+    })
+    .await;
+}
+
+/// Accepts connections until a byte arrives on `stop`, handing each to `accepted`. A
+/// failed accept (EMFILE and friends) backs off briefly instead of spinning.
+pub(crate) async fn accept_until_stopped(
+    listener: &TcpListener,
+    stop: StdUnixStream,
+    kind: &'static str,
+    mut accepted: impl FnMut(TcpStream, SocketAddr),
+) {
     let mut stop = match monoio::net::UnixStream::from_std(stop) {
         Ok(s) => s,
         Err(e) => {
-            tracing::error!(error = %e, "cannot adopt stop channel");
+            tracing::error!(listener = kind, error = %e, "cannot adopt stop channel");
             return;
         }
     };
     let mut stopped = std::pin::pin!(stop.read(vec![0u8; 1]));
     loop {
-        let accepted = monoio::select! {
+        let next = monoio::select! {
             _ = &mut stopped => return,
             a = listener.accept() => a,
         };
-        match accepted {
-            Ok((stream, peer)) => admit(&ctx, stream, peer),
+        match next {
+            Ok((stream, peer)) => accepted(stream, peer),
             Err(e) => {
-                // EMFILE and friends: back off briefly instead of spinning.
-                tracing::warn!(core = ctx.id, error = %e, "accept failed");
+                tracing::warn!(listener = kind, error = %e, "accept failed");
                 monoio::time::sleep(std::time::Duration::from_millis(10)).await;
             }
         }

@@ -15,8 +15,6 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::time::Duration;
 
-use monoio::io::AsyncReadRent;
-
 use crate::config::Overrides;
 use crate::config::snapshot::{Registry, Snapshot};
 use crate::core::{Shared, clock};
@@ -306,29 +304,10 @@ pub fn run(
                 return;
             }
         };
-        let mut stop = match monoio::net::UnixStream::from_std(stop) {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::error!(error = %e, "cannot adopt stop channel");
-                return;
-            }
-        };
-        let mut stopped = std::pin::pin!(stop.read(vec![0u8; 1]));
-        loop {
-            let accepted = monoio::select! {
-                _ = &mut stopped => return,
-                a = listener.accept() => a,
-            };
-            match accepted {
-                Ok((stream, _)) => {
-                    monoio::spawn(crate::admin::serve(control.clone(), stream));
-                }
-                Err(e) => {
-                    tracing::warn!(error = %e, "admin accept failed");
-                    monoio::time::sleep(Duration::from_millis(10)).await;
-                }
-            }
-        }
+        crate::core::accept_until_stopped(&listener, stop, "admin", |stream, _| {
+            monoio::spawn(crate::admin::serve(control.clone(), stream));
+        })
+        .await;
     });
 }
 

@@ -196,23 +196,33 @@ pub async fn fetch(
     path: &str,
     timeout: Duration,
 ) -> Result<String, String> {
-    match monoio::time::timeout(timeout, fetch_inner(addr, host, path)).await {
-        Ok(r) => r,
-        Err(_) => Err("scrape timed out".into()),
-    }
-}
-
-async fn fetch_inner(addr: SocketAddr, host: &str, path: &str) -> Result<String, String> {
-    let mut stream = monoio::net::TcpStream::connect_addr(addr)
-        .await
-        .map_err(|e| format!("connect: {e}"))?;
     let req = format!(
         "GET {path} HTTP/1.1\r\nhost: {host}\r\naccept: text/plain\r\nconnection: close\r\nuser-agent: spillway\r\n\r\n"
     );
-    let (res, _) = stream.write_all(req.into_bytes()).await;
+    let (status, body) =
+        match monoio::time::timeout(timeout, exchange(addr, req.into_bytes())).await {
+            Ok(r) => r?,
+            Err(_) => return Err("scrape timed out".into()),
+        };
+    if status != 200 {
+        return Err(format!("status {status}"));
+    }
+    String::from_utf8(body).map_err(|_| "metrics are not UTF-8".into())
+}
+
+/// One HTTP/1.1 exchange on a fresh connection: writes `request` (a whole request that
+/// asks for `connection: close`) and returns the status and the de-chunked body, at most
+/// [`MAX_METRICS_BYTES`]. The caller bounds it in time.
+pub(crate) async fn exchange(addr: SocketAddr, request: Vec<u8>) -> Result<(u16, Vec<u8>), String> {
+    let mut stream = monoio::net::TcpStream::connect_addr(addr)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let (res, _) = stream.write_all(request).await;
     res.map_err(|e| format!("write: {e}"))?;
     let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
     let mut head = ResponseHead::default();
+    // Kept across reads: it de-chunks in place, so it must not restart from the head.
+    let mut dechunker = Dechunker::new(0);
     let mut eof = false;
     loop {
         if !eof {
@@ -224,7 +234,7 @@ async fn fetch_inner(addr: SocketAddr, host: &str, path: &str) -> Result<String,
             buf = slice.into_inner();
             eof = res.map_err(|e| format!("read: {e}"))? == 0;
             if buf.len() > MAX_METRICS_BYTES {
-                return Err("metrics body too large".into());
+                return Err("response body too large".into());
             }
         }
         if head.status == 0 {
@@ -234,9 +244,7 @@ async fn fetch_inner(addr: SocketAddr, host: &str, path: &str) -> Result<String,
                 Ok(false) => continue,
                 Err(e) => return Err(format!("bad response: {e}")),
             }
-            if head.status != 200 {
-                return Err(format!("status {}", head.status));
-            }
+            dechunker = Dechunker::new(head.head_len);
         }
         let start = head.head_len;
         let done = match head.framing() {
@@ -247,18 +255,18 @@ async fn fetch_inner(addr: SocketAddr, host: &str, path: &str) -> Result<String,
             BodyFraming::Length(_) => None,
             BodyFraming::UntilClose => eof.then_some(start..buf.len()),
             BodyFraming::Chunked => {
-                let mut d = Dechunker::new(start);
                 let filled = buf.len();
-                match d.decode(&mut buf, filled, usize::MAX) {
-                    Ok(true) => Some(start..d.out),
+                match dechunker.decode(&mut buf, filled, usize::MAX) {
+                    Ok(true) => Some(start..dechunker.out),
                     Ok(false) => None,
                     Err(e) => return Err(format!("bad chunked body: {e}")),
                 }
             }
         };
         if let Some(range) = done {
-            return String::from_utf8(buf[range].to_vec())
-                .map_err(|_| "metrics are not UTF-8".into());
+            buf.truncate(range.end);
+            buf.drain(..range.start);
+            return Ok((head.status, buf));
         }
         if eof {
             return Err("connection closed mid-body".into());

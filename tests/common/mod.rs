@@ -527,3 +527,47 @@ pub fn metric_value(text: &str, series: &str) -> Option<f64> {
         .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
         .and_then(|l| l[series.len()..].trim().parse().ok())
 }
+
+/// `promtool check metrics` over `text`: the problems it reports (empty when it passes),
+/// or `None` when promtool cannot run (an error instead under `SPILLWAY_REQUIRE_PROMTOOL`).
+pub fn promtool_problems(text: &str) -> Option<Vec<String>> {
+    use std::process::{Command, Stdio};
+    let mut child = match Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) => {
+            assert!(
+                std::env::var_os("SPILLWAY_REQUIRE_PROMTOOL").is_none(),
+                "promtool is required but cannot run: {e}"
+            );
+            eprintln!("promtool not found; skipping the exposition lint ({e})");
+            return None;
+        }
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let problems: Vec<String> = report
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect();
+    if !out.status.success() && problems.is_empty() {
+        return Some(vec![format!("promtool failed: {}", out.status)]);
+    }
+    Some(problems)
+}
