@@ -282,6 +282,11 @@ fn pick(
     ctx.set_rr(model.id, rr);
     match picked {
         Pick::Member(i) => Ok((i, generation)),
+        // Nothing busy by the published set: what excluded the rest were worker-local
+        // refusals (this request's, or marks since the last publish). Say so.
+        Pick::Overloaded if !(shed && model.members.iter().any(|m| busy.is_busy(m.id))) => {
+            Err(Reject::WorkerOverloaded(Refusal::AtCapacity))
+        }
         Pick::Overloaded => Err(Reject::Overloaded),
         Pick::Unavailable => Err(Reject::Unavailable),
     }
@@ -305,9 +310,10 @@ pub async fn forward<F: Future<Output = ReadDone>>(
         Forwarded::Reject(r) => r.outcome(),
         Forwarded::Abort(o) => o,
     };
-    if result == Forwarded::Reject(Reject::Overloaded)
-        || result == Forwarded::Reject(Reject::DirectBusy)
-    {
+    if matches!(
+        result,
+        Forwarded::Reject(Reject::Overloaded | Reject::WorkerOverloaded(_) | Reject::DirectBusy)
+    ) {
         m.rejected(req.endpoint);
     }
     m.request_done(req.endpoint, req.request_type, outcome);
@@ -364,7 +370,7 @@ async fn exchange<F: Future<Output = ReadDone>>(
         let now = clock::now_ms();
         let (pos, generation) = match pick(ctx, req, worker_id, ex, now) {
             Ok(p) => p,
-            Err(Reject::Overloaded) if last_refusal.is_some() => {
+            Err(Reject::Overloaded | Reject::WorkerOverloaded(_)) if last_refusal.is_some() => {
                 return Forwarded::Reject(
                     last_refusal.map_or(Reject::Overloaded, Reject::WorkerOverloaded),
                 );

@@ -571,3 +571,55 @@ pub fn promtool_problems(text: &str) -> Option<Vec<String>> {
     }
     Some(problems)
 }
+
+// ---------------------------------------------------------------------------- held worker
+
+/// A worker that holds every request until the test releases it (in arrival order), then
+/// answers 200 with `{"worker":name,"body":<request body>}`.
+pub struct Held {
+    pub up: Upstream,
+    gate: Arc<(Mutex<(usize, usize)>, std::sync::Condvar)>,
+}
+
+impl Held {
+    pub fn new(name: &'static str) -> Held {
+        let gate: Arc<(Mutex<(usize, usize)>, std::sync::Condvar)> = Arc::default();
+        let g = gate.clone();
+        let up = upstream(move |s| {
+            let (lock, cv) = &*g;
+            let mut st = lock.lock().unwrap();
+            let me = st.0;
+            st.0 += 1;
+            while st.1 <= me {
+                st = cv.wait(st).unwrap();
+            }
+            Reply::Raw(json_response(
+                200,
+                &format!(r#"{{"worker":"{name}","body":{}}}"#, s.body_str()),
+            ))
+        });
+        Held { up, gate }
+    }
+
+    /// Lets the next `n` held (or future) requests answer.
+    pub fn release(&self, n: usize) {
+        let (lock, cv) = &*self.gate;
+        lock.lock().unwrap().1 += n;
+        cv.notify_all();
+    }
+
+    pub fn url(&self) -> String {
+        self.up.url()
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.release(1 << 20);
+    }
+}
+
+/// Sends `raw` on a fresh connection from another thread; join for the response.
+pub fn spawn_request(addr: SocketAddr, raw: Vec<u8>) -> std::thread::JoinHandle<Response> {
+    std::thread::spawn(move || once(addr, &raw))
+}

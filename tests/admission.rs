@@ -1,0 +1,356 @@
+//! Worker admission: N engine slots plus a FIFO queue of Q across all cores, refusals,
+//! migration to another worker, a Spillway in front of Spillways, and counters back to
+//! zero after any mix of faults.
+
+mod common;
+use common::*;
+use std::time::Duration;
+
+const AT_CAPACITY: &str = "Server overloaded: worker at capacity";
+const QUEUE_DELAY: &str =
+    "Server overloaded: request rejected after exceeding the backend admission queue delay";
+
+fn gated(name: &str, url: &str, n: u32, q: u32, extra: &str) -> String {
+    format!(
+        "[[models.workers]]\nurl = \"{url}\"\nname = \"{name}\"\nengine_request_limit = {n}\nrequest_queue_limit = {q}\n{extra}\n"
+    )
+}
+
+fn body(tag: &str) -> Vec<u8> {
+    post(
+        "/v1/completions",
+        &format!(r#"{{"model":"m","prompt":"{tag}"}}"#),
+    )
+}
+
+fn gauge(p: &ServerHandle, series: &str) -> f64 {
+    metric_value(&metrics(p.admin_addr), series).unwrap_or(-1.0)
+}
+
+#[test]
+fn ten_at_once_on_two_slots_and_two_places() {
+    let held = Held::new("w");
+    let p = proxy(
+        2,
+        &format!(
+            "[[models]]\nname = \"m\"\n{}",
+            gated("w", &held.url(), 2, 2, "")
+        ),
+    );
+    let pending: Vec<_> = (0..10)
+        .map(|i| spawn_request(p.data_addr, body(&format!("r{i}"))))
+        .collect();
+    // Two run, two wait, six are refused at once.
+    eventually("slots and queue fill", Duration::from_secs(10), || {
+        held.up.count() == 2 && gauge(&p, "dynamo_request_queue{worker=\"w\"}") == 2.0
+    });
+    assert_eq!(gauge(&p, "dynamo_engine_request{worker=\"w\"}"), 2.0);
+    let rejections = "dynamo_frontend_model_rejection_total{model=\"m\",endpoint=\"completions\"}";
+    eventually("six refusals counted", Duration::from_secs(10), || {
+        gauge(&p, rejections) == 6.0
+    });
+    // At least the first was refused by the gate itself; the rest may have skipped the
+    // worker marked overloaded by that refusal.
+    assert!(gauge(&p, "dynamo_rejection_request_total{worker=\"w\"}") >= 1.0);
+    held.release(4);
+    let responses: Vec<_> = pending.into_iter().map(|h| h.join().unwrap()).collect();
+    let ok = responses.iter().filter(|r| r.status == 200).count();
+    let refused: Vec<_> = responses.iter().filter(|r| r.status == 529).collect();
+    assert_eq!(ok, 4);
+    assert_eq!(refused.len(), 6);
+    for r in refused {
+        assert_eq!(
+            r.text(),
+            format!(r#"{{"message":"{AT_CAPACITY}","type":"Overloaded","code":529}}"#)
+        );
+        assert_eq!(r.header("retry-after"), Some("1"));
+    }
+    assert_eq!(
+        held.up
+            .state
+            .max_active
+            .load(std::sync::atomic::Ordering::SeqCst),
+        2,
+        "the worker saw more than N at once"
+    );
+    assert_eq!(gauge(&p, "dynamo_engine_request{worker=\"w\"}"), 0.0);
+    assert_eq!(gauge(&p, "dynamo_request_queue{worker=\"w\"}"), 0.0);
+}
+
+#[test]
+fn queued_requests_run_in_arrival_order_and_time_out() {
+    let held = Held::new("w");
+    let p = proxy(
+        2,
+        &format!(
+            "[[models]]\nname = \"m\"\n{}",
+            gated("w", &held.url(), 1, 3, "request_queue_timeout_ms = 3000")
+        ),
+    );
+    let first = spawn_request(p.data_addr, body("first"));
+    eventually("first runs", Duration::from_secs(5), || {
+        held.up.count() == 1
+    });
+    let mut queued = Vec::new();
+    for (i, tag) in ["a", "b", "c"].iter().enumerate() {
+        queued.push(spawn_request(p.data_addr, body(tag)));
+        eventually("queued", Duration::from_secs(5), || {
+            gauge(&p, "dynamo_request_queue{worker=\"w\"}") == (i + 1) as f64
+        });
+    }
+    held.release(4);
+    assert_eq!(first.join().unwrap().status, 200);
+    for q in queued {
+        assert_eq!(q.join().unwrap().status, 200);
+    }
+    let order: Vec<_> = held.up.seen().iter().map(|s| s.body_str()).collect();
+    assert_eq!(
+        order,
+        ["first", "a", "b", "c"].map(|t| format!(r#"{{"model":"m","prompt":"{t}"}}"#))
+    );
+
+    // Past its deadline a queued request is refused with the queue-delay message.
+    let held = Held::new("w");
+    let p = proxy(
+        1,
+        &format!(
+            "[[models]]\nname = \"m\"\n{}",
+            gated("w", &held.url(), 1, 2, "request_queue_timeout_ms = 300")
+        ),
+    );
+    let running = spawn_request(p.data_addr, body("running"));
+    eventually("running", Duration::from_secs(5), || held.up.count() == 1);
+    let started = std::time::Instant::now();
+    let r = once(p.data_addr, &body("late"));
+    assert_eq!(r.status, 529);
+    assert_eq!(r.json()["message"], QUEUE_DELAY);
+    assert!(started.elapsed() >= Duration::from_millis(290));
+    assert_eq!(
+        gauge(&p, "dynamo_rejection_request_total{worker=\"w\"}"),
+        1.0
+    );
+    held.release(1);
+    assert_eq!(running.join().unwrap().status, 200);
+    assert_eq!(
+        held.up.count(),
+        1,
+        "the timed-out request reached the worker"
+    );
+}
+
+#[test]
+fn refused_request_migrates_and_the_refusing_worker_is_skipped_until_the_next_publish() {
+    let a = Held::new("a");
+    let b = echo_upstream("b");
+    // A long monitor interval keeps the overloaded mark for the whole check.
+    let p = proxy(
+        1,
+        &format!(
+            "monitor_interval_ms = 60000\n[[models]]\nname = \"m\"\n{}{}",
+            gated("a", &a.url(), 1, 2, ""),
+            gated("b", &b.url(), 1, 2, "")
+        ),
+    );
+    // Fill a: one running, two queued (round-robin alternates a and b).
+    let mut pending = Vec::new();
+    for i in 0..6 {
+        let h = spawn_request(p.data_addr, body(&format!("r{i}")));
+        if i % 2 == 0 {
+            pending.push(h);
+            eventually("a admitted", Duration::from_secs(5), || {
+                gauge(&p, "dynamo_engine_request{worker=\"a\"}")
+                    + gauge(&p, "dynamo_request_queue{worker=\"a\"}")
+                    == (i / 2 + 1) as f64
+            });
+        } else {
+            assert_eq!(h.join().unwrap().text(), r#"{"worker":"b"}"#);
+        }
+    }
+    // The next request for a is refused there and completes on b.
+    let r = once(p.data_addr, &body("migrated"));
+    assert_eq!(r.status, 200);
+    assert_eq!(r.text(), r#"{"worker":"b"}"#);
+    let migrations =
+        "dynamo_frontend_model_migration_total{model=\"m\",reason=\"worker_at_capacity\"}";
+    assert_eq!(gauge(&p, migrations), 1.0);
+    // Until the next publish a is skipped: no further refusal, no further migration.
+    for i in 0..4 {
+        let r = once(p.data_addr, &body(&format!("after{i}")));
+        assert_eq!(r.text(), r#"{"worker":"b"}"#);
+    }
+    assert_eq!(gauge(&p, migrations), 1.0);
+    assert_eq!(
+        gauge(&p, "dynamo_rejection_request_total{worker=\"a\"}"),
+        1.0
+    );
+    a.release(3);
+    for h in pending {
+        assert_eq!(h.join().unwrap().status, 200);
+    }
+}
+
+#[test]
+fn every_worker_at_capacity_is_overloaded() {
+    let (a, b) = (Held::new("a"), Held::new("b"));
+    let p = proxy(
+        1,
+        &format!(
+            "[[models]]\nname = \"m\"\n{}{}",
+            gated("a", &a.url(), 1, 2, ""),
+            gated("b", &b.url(), 1, 2, "")
+        ),
+    );
+    let pending: Vec<_> = (0..6)
+        .map(|i| spawn_request(p.data_addr, body(&format!("r{i}"))))
+        .collect();
+    eventually("both full", Duration::from_secs(5), || {
+        ["a", "b"].iter().all(|w| {
+            gauge(&p, &format!("dynamo_engine_request{{worker=\"{w}\"}}"))
+                + gauge(&p, &format!("dynamo_request_queue{{worker=\"{w}\"}}"))
+                == 3.0
+        })
+    });
+    let r = once(p.data_addr, &body("extra"));
+    assert_eq!(r.status, 529);
+    assert_eq!(r.json()["message"], AT_CAPACITY);
+    a.release(3);
+    b.release(3);
+    for h in pending {
+        assert_eq!(h.join().unwrap().status, 200);
+    }
+}
+
+#[test]
+fn front_spillway_migrates_on_a_back_spillways_529() {
+    let w1 = Held::new("w1");
+    let w2 = echo_upstream("w2");
+    let back1 = proxy(
+        1,
+        &format!(
+            "[[models]]\nname = \"m\"\n{}",
+            gated("w1", &w1.url(), 1, 2, "")
+        ),
+    );
+    let back2 = proxy(
+        1,
+        &format!(
+            "[[models]]\nname = \"m\"\n{}",
+            gated("w2", &w2.url(), 1, 2, "")
+        ),
+    );
+    let front = proxy(
+        1,
+        &format!(
+            "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://{}\"\nname = \"back1\"\n[[models.workers]]\nurl = \"http://{}\"\nname = \"back2\"\n",
+            back1.data_addr, back2.data_addr
+        ),
+    );
+    let mut pending = Vec::new();
+    for i in 0..6 {
+        let h = spawn_request(front.data_addr, body(&format!("r{i}")));
+        if i % 2 == 0 {
+            pending.push(h);
+            eventually("back1 admitted", Duration::from_secs(5), || {
+                gauge(&back1, "dynamo_engine_request{worker=\"w1\"}")
+                    + gauge(&back1, "dynamo_request_queue{worker=\"w1\"}")
+                    == (i / 2 + 1) as f64
+            });
+        } else {
+            assert_eq!(h.join().unwrap().text(), r#"{"worker":"w2"}"#);
+        }
+    }
+    let r = once(front.data_addr, &body("chained"));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.text(), r#"{"worker":"w2"}"#);
+    assert_eq!(
+        gauge(
+            &front,
+            "dynamo_frontend_model_migration_total{model=\"m\",reason=\"upstream_overloaded\"}"
+        ),
+        1.0
+    );
+    assert_eq!(
+        gauge(&back1, "dynamo_rejection_request_total{worker=\"w1\"}"),
+        1.0
+    );
+    w1.release(3);
+    for h in pending {
+        assert_eq!(h.join().unwrap().status, 200);
+    }
+}
+
+#[test]
+fn counters_return_to_zero_after_mixed_faults() {
+    // The worker misbehaves by prompt: resets, stalls past the first-byte timeout, holds
+    // until the client leaves, or answers.
+    let up = upstream(|s| {
+        let b = s.body_str();
+        if b.contains("reset") {
+            Reply::Close
+        } else if b.contains("stall") {
+            Reply::Steps(vec![
+                Step::Sleep(Duration::from_millis(600)),
+                Step::Write(json_response(200, "{}")),
+            ])
+        } else if b.contains("hang") {
+            Reply::Steps(vec![Step::WaitClose])
+        } else {
+            Reply::Steps(vec![
+                Step::Sleep(Duration::from_millis(20)),
+                Step::Write(json_response(200, "{}")),
+            ])
+        }
+    });
+    let p = proxy(
+        2,
+        &format!(
+            "[limits]\nupstream_first_byte_timeout_ms = 300\n[[models]]\nname = \"m\"\n{}",
+            gated("w", &up.url(), 2, 3, "request_queue_timeout_ms = 200")
+        ),
+    );
+    let kinds = ["ok", "reset", "stall", "hang", "ok", "leave"];
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let addr = p.data_addr;
+            std::thread::spawn(move || {
+                for i in 0..6 {
+                    let kind = kinds[(t + i) % kinds.len()];
+                    let mut c = Client::connect(addr);
+                    c.send(&body(&format!("{kind}-{t}-{i}")));
+                    if kind == "hang" || kind == "leave" {
+                        std::thread::sleep(Duration::from_millis(50));
+                        drop(c); // the client gives up, queued or in flight
+                    } else {
+                        let _ = c.response();
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().unwrap();
+    }
+    eventually(
+        "every counter back to zero",
+        Duration::from_secs(10),
+        || {
+            let m = metrics(p.admin_addr);
+            [
+                "dynamo_engine_request{worker=\"w\"}",
+                "dynamo_request_queue{worker=\"w\"}",
+                "spillway_worker_inflight_requests{worker=\"w\"}",
+                "dynamo_frontend_inflight_requests{model=\"m\"}",
+            ]
+            .iter()
+            .all(|s| metric_value(&m, s) == Some(0.0))
+        },
+    );
+    let m = metrics(p.admin_addr);
+    assert!(metric_value(&m, "spillway_client_disconnects_total").unwrap() > 0.0);
+    assert!(
+        metric_value(&m, "dynamo_rejection_request_total{worker=\"w\"}").unwrap() > 0.0,
+        "{m}"
+    );
+    // Still serving.
+    assert_eq!(once(p.data_addr, &body("ok-final")).status, 200);
+}
