@@ -170,11 +170,12 @@ impl Knobs {
             engine_request_limit: self.engine_request_limit,
             request_queue_limit: self.request_queue_limit,
             migration_limit: self.migration_limit,
+            admin_token_env: env("SPILLWAY_ADMIN_TOKEN"),
         }
     }
 }
 
-/// Loads `path`, or the embedded default when there is none.
+/// Loads `path`, or the documented example (tuning/spillway.toml) when there is none.
 pub fn load_config(
     path: Option<&std::path::Path>,
     overrides: &Overrides,

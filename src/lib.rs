@@ -13,6 +13,7 @@ pub mod admission;
 pub mod cli;
 pub mod config;
 pub mod core;
+pub mod demo;
 pub mod http;
 pub mod metrics;
 pub mod mock;

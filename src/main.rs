@@ -1,11 +1,21 @@
 //! The `spillway` binary: arguments, logging, start, signals. Everything else is the library.
 
+use std::time::Duration;
+
 use anyhow::Context as _;
 use clap::Parser as _;
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use spillway::cli::{Cli, Command, load_config};
 use spillway::monitor::ConfigSource;
 
-fn main() -> anyhow::Result<()> {
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("spillway: {e:#}");
+        std::process::exit(2);
+    }
+}
+
+fn run() -> anyhow::Result<()> {
     use std::io::IsTerminal as _;
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -17,52 +27,99 @@ fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let overrides = cli.knobs.overrides(|k| std::env::var(k).ok());
 
-    match &cli.command {
-        Some(Command::CheckConfig { file }) => {
+    match (&cli.command, &cli.config) {
+        (Some(Command::CheckConfig { file }), _) => {
             let config = load_config(Some(file), &overrides)
                 .with_context(|| format!("{} is not valid", file.display()))?;
             print!("{}", config.to_toml());
             eprintln!("{}: configuration OK", file.display());
-            return Ok(());
+            Ok(())
         }
-        Some(Command::MockEngine(args)) => {
+        (Some(Command::MockEngine(args)), _) => {
             let mock =
                 spillway::mock::start(args.config()).context("cannot start the mock engine")?;
-            wait_for_stop_signal()?;
+            tracing::info!(listen = %mock.addr, "mock engine serving");
+            let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+            let _ = signals.forever().next();
             mock.shutdown();
-            return Ok(());
+            Ok(())
         }
-        None => {}
-    }
-
-    let config = load_config(cli.config.as_deref(), &overrides).context("invalid configuration")?;
-    match &cli.config {
-        Some(path) => tracing::info!(config = %path.display(), "configuration loaded"),
-        None => {
-            tracing::info!("no --config given: running the embedded default (tuning/spillway.toml)")
+        (None, Some(path)) => {
+            let config = load_config(Some(path), &overrides)
+                .with_context(|| format!("{} is not valid", path.display()))?;
+            tracing::info!(config = %path.display(), "configuration loaded");
+            let source = ConfigSource {
+                path: Some(path.clone()),
+                overrides,
+            };
+            let server = spillway::start(config, source).context("cannot start")?;
+            tracing::info!(listen = %server.data_addr, admin = %server.admin_addr, "spillway is serving");
+            serve_until_stopped(server, None)
+        }
+        (None, None) => {
+            let demo = spillway::demo::start(
+                spillway::demo::LISTEN,
+                spillway::demo::ADMIN_LISTEN,
+                overrides,
+            )
+            .context(
+                "cannot start the demo (is port 8000 or 9090 taken? run with --config FILE)",
+            )?;
+            tracing::info!(
+                listen = %demo.server.data_addr,
+                admin = %demo.server.admin_addr,
+                engines = ?demo.engines.iter().map(|e| e.addr).collect::<Vec<_>>(),
+                model = spillway::demo::MODEL,
+                decode_threshold = spillway::demo::DECODE_THRESHOLD,
+                engine_request_limit = spillway::demo::ENGINE_REQUEST_LIMIT,
+                request_queue_limit = spillway::demo::REQUEST_QUEUE_LIMIT,
+                "demo: no --config given, so Spillway runs in front of two in-process mock engines \
+                 with shedding on; `spillway --config FILE` runs the real thing"
+            );
+            tracing::info!("try: {}", demo.curl());
+            let spillway::demo::Demo { server, engines } = demo;
+            let result = serve_until_stopped(server, Some(Duration::from_secs(1)));
+            drop(engines);
+            result
         }
     }
-    let source = ConfigSource {
-        path: cli.config.clone(),
-        overrides,
-    };
-    let server = spillway::start(config, source).context("cannot start")?;
-    tracing::info!(listen = %server.data_addr, admin = %server.admin_addr, "spillway is serving");
-
-    wait_for_stop_signal()?;
-    server.shutdown();
-    Ok(())
 }
 
-/// Blocks until SIGTERM or SIGINT.
-fn wait_for_stop_signal() -> anyhow::Result<()> {
-    let mut signals = signal_hook::iterator::Signals::new([
-        signal_hook::consts::SIGTERM,
-        signal_hook::consts::SIGINT,
-    ])
-    .context("cannot install signal handlers")?;
-    if let Some(sig) = signals.forever().next() {
-        tracing::info!(signal = sig, "stopping");
+/// Runs until drained: SIGHUP reloads, SIGUSR1 dumps state, SIGTERM/SIGINT drain (a
+/// second one exits at once). With `status`, logs a one-line status that often.
+fn serve_until_stopped(
+    server: spillway::ServerHandle,
+    status: Option<Duration>,
+) -> anyhow::Result<()> {
+    let mut signals = signal_hook::iterator::Signals::new([SIGHUP, SIGUSR1, SIGTERM, SIGINT])
+        .context("cannot install signal handlers")?;
+    let mut draining = false;
+    let mut last_status = std::time::Instant::now();
+    loop {
+        for sig in signals.pending() {
+            match sig {
+                SIGHUP => server.reload(),
+                SIGUSR1 => server.dump_state(),
+                _ if draining => {
+                    tracing::warn!(signal = sig, "second stop signal: exiting now");
+                    std::process::exit(1);
+                }
+                _ => {
+                    tracing::info!(signal = sig, "stop signal: draining");
+                    server.begin_drain().context("cannot start draining")?;
+                    draining = true;
+                }
+            }
+        }
+        if draining && server.drained() {
+            server.finish();
+            tracing::info!("drained; exiting");
+            return Ok(());
+        }
+        if let Some(every) = status.filter(|e| last_status.elapsed() >= *e) {
+            tracing::info!("{}", server.shared.stats());
+            last_status += every;
+        }
+        std::thread::sleep(Duration::from_millis(20));
     }
-    Ok(())
 }

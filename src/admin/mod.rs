@@ -30,6 +30,8 @@ pub struct Reply {
     pub status: u16,
     pub content_type: &'static str,
     pub body: Vec<u8>,
+    /// Adds `WWW-Authenticate: Bearer` (401).
+    pub www_authenticate: bool,
 }
 
 impl Reply {
@@ -38,6 +40,7 @@ impl Reply {
             status,
             content_type: "application/json",
             body: serde_json::to_vec(value).unwrap_or_default(),
+            www_authenticate: false,
         }
     }
 
@@ -53,10 +56,27 @@ pub struct Request<'a> {
     pub method: Method,
     pub path: &'a [u8],
     pub content_type: Option<&'a [u8]>,
+    pub authorization: Option<&'a [u8]>,
     pub body: &'a [u8],
 }
 
 impl Request<'_> {
+    /// Whether the request may change state: with a token configured, it must carry
+    /// `Authorization: Bearer <token>`, compared in constant time.
+    fn authorized(&self, token: Option<&str>) -> bool {
+        use subtle::ConstantTimeEq as _;
+        let Some(token) = token else { return true };
+        let presented = self
+            .authorization
+            .and_then(|v| {
+                v.strip_prefix(b"Bearer ")
+                    .or_else(|| v.strip_prefix(b"bearer "))
+            })
+            .map(<[u8]>::trim_ascii)
+            .unwrap_or_default();
+        bool::from(presented.ct_eq(token.as_bytes()))
+    }
+
     /// 415 unless the body is declared JSON (`application/json`, any parameters).
     pub fn require_json(&self) -> Result<(), Reply> {
         let ct = self.content_type.unwrap_or_default();
@@ -133,6 +153,7 @@ pub async fn serve(control: Rc<RefCell<Control>>, mut stream: TcpStream) {
             method: head.method,
             path: head.path(&buf),
             content_type: head.content_type.map(|s| s.get(&buf)),
+            authorization: head.authorization.map(|s| s.get(&buf)),
             body: &buf[head.head_len..total],
         };
         let reply = route(&control, &req);
@@ -155,6 +176,25 @@ async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
 
 fn route(control: &Rc<RefCell<Control>>, req: &Request<'_>) -> Reply {
     let draining = control.borrow().shared.draining.load(Ordering::Relaxed);
+    let mutating = matches!(
+        (req.method, req.path),
+        (Method::Post | Method::Delete, b"/busy_threshold") | (Method::Post, b"/load" | b"/reload")
+    );
+    if mutating {
+        let token = control
+            .borrow()
+            .shared
+            .snapshot
+            .load()
+            .config
+            .admin_token
+            .clone();
+        if !req.authorized(token.as_deref()) {
+            let mut r = Reply::error(401, "Missing or invalid bearer token");
+            r.www_authenticate = true;
+            return r;
+        }
+    }
     match (req.method, req.path) {
         (Method::Get | Method::Head, b"/health") if draining => {
             Reply::json(503, &serde_json::json!({"status": "draining"}))
@@ -172,13 +212,18 @@ fn route(control: &Rc<RefCell<Control>>, req: &Request<'_>) -> Reply {
             status: 200,
             content_type: "text/plain; version=0.0.4; charset=utf-8",
             body: crate::metrics::expose::render(&control.borrow()),
+            www_authenticate: false,
         },
         (Method::Get, b"/busy_threshold") => thresholds::list(&control.borrow()),
         (Method::Post, b"/busy_threshold") => thresholds::post(&mut control.borrow_mut(), req),
         (Method::Delete, b"/busy_threshold") => thresholds::delete(&mut control.borrow_mut(), req),
         (Method::Post, b"/load") => push_load(&mut control.borrow_mut(), req),
         (Method::Get, b"/load") => load_state(&control.borrow()),
-        (_, b"/health" | b"/live" | b"/metrics" | b"/busy_threshold" | b"/load") => {
+        (Method::Post, b"/reload") => match control.borrow_mut().reload() {
+            Ok(generation) => Reply::json(200, &serde_json::json!({ "generation": generation })),
+            Err(e) => Reply::error(400, e.to_string()),
+        },
+        (_, b"/health" | b"/live" | b"/metrics" | b"/busy_threshold" | b"/load" | b"/reload") => {
             Reply::error(405, "Method not allowed")
         }
         _ => Reply::error(404, "Not found"),
@@ -276,6 +321,9 @@ async fn write(stream: &mut TcpStream, reply: Reply, keep_alive: bool, with_body
     out.extend_from_slice(b"\r\ncontent-length: ");
     out.extend_from_slice(itoa::Buffer::new().format(reply.body.len()).as_bytes());
     out.extend_from_slice(b"\r\n");
+    if reply.www_authenticate {
+        out.extend_from_slice(b"www-authenticate: Bearer\r\n");
+    }
     if !keep_alive {
         out.extend_from_slice(b"connection: close\r\n");
     }

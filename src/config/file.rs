@@ -22,6 +22,9 @@ pub struct FileConfig {
     pub scrape_interval_ms: Option<Spanned<u64>>,
     pub monitor_interval_ms: Option<Spanned<u64>>,
     pub migration_limit: Option<u32>,
+    pub drain_grace_ms: Option<u64>,
+    pub drain_timeout_ms: Option<u64>,
+    pub admin_token: Option<Spanned<String>>,
     #[serde(default)]
     pub models: Vec<FileModel>,
 }

@@ -30,6 +30,8 @@ pub const DEFAULT_BLOCK_SIZE: u32 = 16;
 pub const DEFAULT_REQUEST_QUEUE_LIMIT: u32 = 16;
 pub const DEFAULT_REQUEST_QUEUE_TIMEOUT_MS: u64 = 5_000;
 pub const DEFAULT_MIGRATION_LIMIT: u32 = 3;
+pub const DEFAULT_DRAIN_GRACE_MS: u64 = 2_000;
+pub const DEFAULT_DRAIN_TIMEOUT_MS: u64 = 60_000;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -101,6 +103,8 @@ pub struct Overrides {
     pub engine_request_limit: Option<u32>,
     pub request_queue_limit: Option<u32>,
     pub migration_limit: Option<u32>,
+    /// `SPILLWAY_ADMIN_TOKEN`; overrides `admin_token` in the file.
+    pub admin_token_env: Option<String>,
 }
 
 /// Dynamo's parse of `DYN_HTTP_OVERLOAD_STATUS_CODE`: trimmed u16 in 200..=999, else 529.
@@ -127,6 +131,13 @@ pub struct Config {
     pub monitor_interval_ms: u64,
     /// Times a refused request may move to another worker (0 = never).
     pub migration_limit: u32,
+    /// After SIGTERM: health answers 503 at once, listeners close after the grace, and
+    /// requests in flight get up to the timeout to finish.
+    pub drain_grace_ms: u64,
+    pub drain_timeout_ms: u64,
+    /// Bearer token the admin listener's mutating endpoints require (none = open).
+    #[serde(skip_serializing)]
+    pub admin_token: Option<String>,
     pub limits: Limits,
     pub models: Vec<ModelConfig>,
     /// Every distinct worker, by name; models refer to them by index.
@@ -175,8 +186,8 @@ impl Config {
     }
 
     pub fn parse(text: &str, overrides: &Overrides) -> Result<Config, ConfigError> {
-        let file: FileConfig = toml::from_str(text)
-            .map_err(|e| ConfigError::Parse(e.to_string().trim_end().to_string()))?;
+        let file: FileConfig =
+            toml::from_str(text).map_err(|e| ConfigError::Parse(one_line(&e)))?;
         Validator { text }.config(file, overrides)
     }
 
@@ -187,6 +198,27 @@ impl Config {
 
     pub fn model(&self, name: &str) -> Option<&ModelConfig> {
         self.models.iter().find(|m| m.name == name)
+    }
+}
+
+/// toml's error as one line (for logs): position, the offending line, the message.
+fn one_line(e: &toml::de::Error) -> String {
+    let text = e.to_string();
+    let mut lines = text.lines();
+    let head = lines.next().unwrap_or("TOML parse error").trim();
+    let mut snippet = None;
+    let mut message = Vec::new();
+    for line in lines {
+        let t = line.trim();
+        match t.split_once(" | ") {
+            Some((n, code)) if n.chars().all(|c| c.is_ascii_digit()) => snippet = Some(code.trim()),
+            _ if t.is_empty() || t.starts_with('|') => {}
+            _ => message.push(t),
+        }
+    }
+    match snippet {
+        Some(code) => format!("{head} (`{code}`): {}", message.join(" ")),
+        None => format!("{head}: {}", message.join(" ")),
     }
 }
 
@@ -390,6 +422,20 @@ impl Validator<'_> {
                 .migration_limit
                 .or(o.migration_limit)
                 .unwrap_or(DEFAULT_MIGRATION_LIMIT),
+            drain_grace_ms: f.drain_grace_ms.unwrap_or(DEFAULT_DRAIN_GRACE_MS),
+            drain_timeout_ms: f.drain_timeout_ms.unwrap_or(DEFAULT_DRAIN_TIMEOUT_MS),
+            admin_token: match (&o.admin_token_env, &f.admin_token) {
+                (Some(t), _) if !t.trim().is_empty() => Some(t.trim().to_string()),
+                (_, Some(t)) if t.get_ref().trim().is_empty() => {
+                    return self.err(
+                        "admin_token",
+                        Some(t.span()),
+                        "must not be empty (remove the key for no token)",
+                    );
+                }
+                (_, Some(t)) => Some(t.get_ref().trim().to_string()),
+                (_, None) => None,
+            },
             limits,
             models,
             workers,

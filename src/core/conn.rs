@@ -6,7 +6,6 @@ use std::io::Write as _;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::rc::Rc;
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -14,9 +13,8 @@ use monoio::io::{AsyncWriteRentExt, Splitable};
 use monoio::net::TcpStream;
 use monoio::net::tcp::TcpOwnedWriteHalf;
 
-use super::CoreCtx;
 use super::reader::{ClientReader, ReadDone, read_more};
-use crate::config::snapshot::Snapshot;
+use super::{CoreCtx, SnapshotRef};
 use crate::http::canned::{Canned, write_error};
 use crate::http::chunked::Dechunker;
 use crate::http::limits::{INITIAL_READ_BUF, RESPONSE_READ_BUF, RETAINED_BUF_MAX};
@@ -40,6 +38,24 @@ pub async fn refuse(ctx: Rc<CoreCtx>, mut stream: TcpStream) {
     let _ = stream.write_all(out).await;
 }
 
+/// Counts a request in progress on this core (a drain waits for none).
+struct ActiveRequest(Rc<CoreCtx>);
+
+impl ActiveRequest {
+    fn new(ctx: &Rc<CoreCtx>) -> ActiveRequest {
+        ctx.active_requests.set(ctx.active_requests.get() + 1);
+        ActiveRequest(ctx.clone())
+    }
+}
+
+impl Drop for ActiveRequest {
+    fn drop(&mut self) {
+        self.0
+            .active_requests
+            .set(self.0.active_requests.get().saturating_sub(1));
+    }
+}
+
 struct ConnGuard(Rc<CoreCtx>);
 
 impl Drop for ConnGuard {
@@ -51,7 +67,7 @@ impl Drop for ConnGuard {
 pub async fn serve(ctx: Rc<CoreCtx>, stream: TcpStream, peer: SocketAddr) {
     let _guard = ConnGuard(ctx.clone());
     let _ = stream.set_nodelay(true);
-    let snap = ctx.shared.snapshot.load_full();
+    let snap = ctx.snapshot();
     let (read_half, writer) = stream.into_split();
     let mut ip = [0u8; 48];
     let ip_len = {
@@ -82,8 +98,8 @@ pub async fn serve(ctx: Rc<CoreCtx>, stream: TcpStream, peer: SocketAddr) {
 
 struct Conn {
     ctx: Rc<CoreCtx>,
-    /// The config generation this connection started on; kept for its lifetime.
-    snap: Arc<Snapshot>,
+    /// The config generation of the current request (refreshed before each request).
+    snap: SnapshotRef,
     writer: TcpOwnedWriteHalf,
     out: Vec<u8>,
     rbuf: Vec<u8>,
@@ -119,6 +135,7 @@ enum Local<'a> {
 impl Conn {
     async fn run<F: Future<Output = ReadDone>>(&mut self, mut reader: Pin<&mut ClientReader<F>>) {
         loop {
+            self.snap = self.ctx.snapshot();
             match self.read_head(reader.as_mut()).await {
                 HeadRead::Ready => {}
                 HeadRead::Closed => return,
@@ -142,9 +159,13 @@ impl Conn {
             }
             let rid = self.head.request_id.map(|s| s.get(reader.buf()));
             self.new_request_id(rid);
-            if !self.dispatch(reader.as_mut()).await
-                || self.ctx.shared.draining.load(Ordering::Relaxed)
-            {
+            let draining = self.ctx.shared.draining.load(Ordering::Relaxed);
+            if draining {
+                // Answer, then close: clients move to other instances.
+                self.head.keep_alive = false;
+            }
+            let _active = ActiveRequest::new(&self.ctx);
+            if !self.dispatch(reader.as_mut()).await || draining {
                 return;
             }
         }

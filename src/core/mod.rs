@@ -12,7 +12,7 @@ use std::net::{SocketAddr, TcpListener as StdListener};
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::thread::JoinHandle;
 
 use arc_swap::ArcSwap;
@@ -30,8 +30,8 @@ use crate::upstream::Pools;
 /// State shared by every core and the control thread.
 #[derive(Debug)]
 pub struct Shared {
-    /// The current config generation; connections pin the one they started with.
-    pub snapshot: ArcSwap<Snapshot>,
+    /// The current config generation; each request runs on the one it started with.
+    pub snapshot: Arc<ArcSwap<Snapshot>>,
     /// Busy-set replica per core, written by the monitor on every publish.
     pub busy: Box<[Arc<ArcSwap<BusySet>>]>,
     /// Open client connections across all cores.
@@ -39,7 +39,10 @@ pub struct Shared {
     pub counters: Box<[CachePadded<CoreCounters>]>,
     /// True on cores running the epoll fallback.
     pub legacy_driver: Box<[AtomicBool]>,
+    /// Set on SIGTERM: health answers 503, responses close their connections.
     pub draining: AtomicBool,
+    /// Process-clock ms after which draining cores stop waiting for requests in flight.
+    pub drain_deadline_ms: AtomicU64,
 }
 
 impl Shared {
@@ -58,11 +61,38 @@ pub struct CoreCtx {
     /// Round-robin position per model id.
     pub rr: RefCell<Vec<u64>>,
     pub busy: RefCell<arc_swap::Cache<Arc<ArcSwap<BusySet>>, Arc<BusySet>>>,
+    snapshot: RefCell<SnapshotCache>,
+    /// Requests being served on this core (a drain waits for zero).
+    pub active_requests: std::cell::Cell<usize>,
     request_seq: std::cell::Cell<u64>,
     request_salt: u64,
 }
 
+/// A request's handle on its snapshot. The extra `Rc` layer is deliberate: cloning it per
+/// request touches only this core's count, never the `Arc`'s count shared by all cores.
+#[allow(clippy::redundant_allocation)]
+pub type SnapshotRef = Rc<Arc<Snapshot>>;
+
+/// The core's view of the current snapshot: a cheap check per request, and an `Rc` the
+/// request holds (no shared reference count is touched per request).
+#[derive(Debug)]
+struct SnapshotCache {
+    cache: arc_swap::Cache<Arc<ArcSwap<Snapshot>>, Arc<Snapshot>>,
+    current: SnapshotRef,
+}
+
 impl CoreCtx {
+    /// The snapshot a new request runs on.
+    pub fn snapshot(&self) -> SnapshotRef {
+        let mut s = self.snapshot.borrow_mut();
+        let SnapshotCache { cache, current } = &mut *s;
+        let latest = cache.load();
+        if !Arc::ptr_eq(latest, current) {
+            *current = Rc::new(latest.clone());
+        }
+        current.clone()
+    }
+
     pub fn counters(&self) -> &CoreCounters {
         &self.shared.counters[self.id]
     }
@@ -99,69 +129,170 @@ impl CoreCtx {
     }
 }
 
-/// A running server. Dropping it stops every thread.
+/// A one-line view of what the proxy is doing (the demo's status line, SIGUSR1).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Requests finished (any outcome) over all models.
+    pub requests: u64,
+    /// Requests refused with the overload status (busy pool or worker refusals).
+    pub rejected: u64,
+    pub inflight: u64,
+    /// Workers in the published busy set, out of `workers`.
+    pub busy_workers: usize,
+    pub workers: usize,
+}
+
+impl std::fmt::Display for Stats {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "requests={} rejected={} busy_workers={}/{} in_flight={}",
+            self.requests, self.rejected, self.busy_workers, self.workers, self.inflight
+        )
+    }
+}
+
+impl Shared {
+    /// Sums the cores' counters and reads the published busy set.
+    pub fn stats(&self) -> Stats {
+        use crate::metrics::{Outcome, RequestType};
+        use crate::route::Endpoint;
+        let snap = self.snapshot.load();
+        let busy = self.busy.first().map(|b| b.load_full()).unwrap_or_default();
+        let mut s = Stats {
+            workers: snap.workers.len(),
+            ..Stats::default()
+        };
+        for m in snap.models.iter() {
+            for e in Endpoint::ALL {
+                s.rejected += m.metrics.rejections(e);
+                for t in [RequestType::Unary, RequestType::Stream] {
+                    s.requests += Outcome::ALL
+                        .iter()
+                        .map(|o| m.metrics.requests(e, t, *o))
+                        .sum::<u64>();
+                }
+            }
+            s.inflight += m.metrics.inflight();
+        }
+        s.busy_workers = (0..snap.workers.len() as u32)
+            .filter(|&wi| {
+                snap.models.iter().any(|m| {
+                    m.members
+                        .iter()
+                        .any(|mm| mm.worker == wi && busy.is_busy(mm.id))
+                })
+            })
+            .count();
+        s
+    }
+}
+
+/// A running server. Dropping it stops every thread at once.
 #[derive(Debug)]
 pub struct ServerHandle {
     pub data_addr: SocketAddr,
     pub admin_addr: SocketAddr,
     pub shared: Arc<Shared>,
-    stops: Vec<StdUnixStream>,
-    threads: Vec<JoinHandle<()>>,
+    /// One per data core: a byte stops its accept loop (`x` now, `d` drain).
+    core_stops: Vec<StdUnixStream>,
+    /// Commands to the monitor thread (see [`crate::monitor::Command`]).
+    monitor: StdUnixStream,
+    cores: Vec<JoinHandle<()>>,
+    monitor_thread: Option<JoinHandle<()>>,
 }
 
+/// Stop bytes for a core's accept loop.
+const STOP_NOW: u8 = b'x';
+const STOP_DRAIN: u8 = b'd';
+
 impl ServerHandle {
-    /// Stops accepting, ends every core and the control thread, and waits for them.
-    pub fn shutdown(mut self) {
-        self.stop();
-    }
-
-    fn stop(&mut self) {
+    fn send_cores(&self, byte: u8) {
         use std::io::Write;
-        for s in &mut self.stops {
-            let _ = s.write_all(b"x");
+        for mut s in &self.core_stops {
+            let _ = s.write_all(&[byte]);
         }
-        for t in self.threads.drain(..) {
+    }
+
+    fn send_monitor(&self, command: crate::monitor::Command) {
+        use std::io::Write;
+        let _ = (&self.monitor).write_all(&[command as u8]);
+    }
+
+    /// Stops every core and the monitor now (requests in flight are cut) and waits.
+    pub fn shutdown(mut self) {
+        self.stop_now();
+    }
+
+    fn stop_now(&mut self) {
+        self.send_cores(STOP_NOW);
+        for t in self.cores.drain(..) {
+            let _ = t.join();
+        }
+        self.send_monitor(crate::monitor::Command::Stop);
+        if let Some(t) = self.monitor_thread.take() {
             let _ = t.join();
         }
     }
 
-    /// Blocks until every thread has ended (they end on [`ServerHandle::shutdown`] or a signal).
-    pub fn wait(mut self) {
-        for t in self.threads.drain(..) {
-            let _ = t.join();
-        }
+    /// Starts a graceful drain (SIGTERM): health answers 503 at once, the listeners close
+    /// after `drain_grace_ms`, and each core ends once its requests in flight are done or
+    /// `drain_timeout_ms` has passed. Returns at once; see [`ServerHandle::drained`].
+    pub fn begin_drain(&self) -> std::io::Result<()> {
+        let config = &self.shared.snapshot.load().config;
+        let (grace, timeout) = (config.drain_grace_ms, config.drain_timeout_ms);
+        self.shared
+            .drain_deadline_ms
+            .store(clock::now_ms() + grace + timeout, Ordering::Relaxed);
+        self.shared.draining.store(true, Ordering::Relaxed);
+        tracing::info!(
+            grace_ms = grace,
+            timeout_ms = timeout,
+            "draining: health now answers 503"
+        );
+        let stops = self
+            .core_stops
+            .iter()
+            .map(|s| s.try_clone())
+            .collect::<std::io::Result<Vec<_>>>()?;
+        std::thread::Builder::new()
+            .name("spillway-drain".into())
+            .spawn(move || {
+                use std::io::Write;
+                std::thread::sleep(std::time::Duration::from_millis(grace));
+                tracing::info!("draining: listeners closed");
+                for mut s in &stops {
+                    let _ = s.write_all(&[STOP_DRAIN]);
+                }
+            })?;
+        Ok(())
     }
 
-    /// A handle that can stop the server from another thread (signal handling).
-    pub fn stopper(&self) -> io::Result<Stopper> {
-        Ok(Stopper {
-            stops: self
-                .stops
-                .iter()
-                .map(|s| s.try_clone())
-                .collect::<io::Result<_>>()?,
-        })
+    /// True once every core has ended (after a drain).
+    pub fn drained(&self) -> bool {
+        self.cores.iter().all(JoinHandle::is_finished)
+    }
+
+    /// Ends the monitor after a drain and waits for every thread.
+    pub fn finish(mut self) {
+        self.stop_now();
+    }
+
+    /// Re-reads the config file on the monitor thread (SIGHUP); the outcome is logged and
+    /// counted in `spillway_config_reloads_total`.
+    pub fn reload(&self) {
+        self.send_monitor(crate::monitor::Command::Reload);
+    }
+
+    /// Logs the monitor's view of every worker (SIGUSR1).
+    pub fn dump_state(&self) {
+        self.send_monitor(crate::monitor::Command::Dump);
     }
 }
 
 impl Drop for ServerHandle {
     fn drop(&mut self) {
-        self.stop();
-    }
-}
-
-/// Stops a running server from any thread.
-#[derive(Debug)]
-pub struct Stopper {
-    stops: Vec<StdUnixStream>,
-}
-
-impl Stopper {
-    pub fn stop(&mut self) {
-        use std::io::Write;
-        for s in &mut self.stops {
-            let _ = s.write_all(b"x");
-        }
+        self.stop_now();
     }
 }
 
@@ -262,7 +393,7 @@ pub fn start(config: Config, source: crate::monitor::ConfigSource) -> io::Result
     let snapshot = Arc::new(registry.build(config));
     let empty = Arc::new(BusySet::default());
     let shared = Arc::new(Shared {
-        snapshot: ArcSwap::new(snapshot),
+        snapshot: Arc::new(ArcSwap::new(snapshot)),
         busy: (0..cores)
             .map(|_| Arc::new(ArcSwap::new(empty.clone())))
             .collect(),
@@ -272,41 +403,41 @@ pub fn start(config: Config, source: crate::monitor::ConfigSource) -> io::Result
             .collect(),
         legacy_driver: (0..cores).map(|_| AtomicBool::new(false)).collect(),
         draining: AtomicBool::new(false),
+        drain_deadline_ms: AtomicU64::new(u64::MAX),
     });
 
-    let mut stops = Vec::new();
-    let mut threads = Vec::new();
+    let mut core_stops = Vec::new();
+    let mut cores = Vec::new();
     for (id, listener) in listeners.into_iter().enumerate() {
         let (stop_tx, stop_rx) = StdUnixStream::pair()?;
         stop_rx.set_nonblocking(true)?;
-        stops.push(stop_tx);
+        core_stops.push(stop_tx);
         let shared = shared.clone();
         let cpu = data_cpus.get(id).copied().flatten();
-        threads.push(
+        cores.push(
             std::thread::Builder::new()
                 .name(format!("spillway-core-{id}"))
                 .spawn(move || run_core(id, cpu, listener, stop_rx, shared))?,
         );
     }
-    let (stop_tx, stop_rx) = StdUnixStream::pair()?;
-    stop_rx.set_nonblocking(true)?;
-    stops.push(stop_tx);
-    {
+    let (monitor, monitor_rx) = StdUnixStream::pair()?;
+    monitor_rx.set_nonblocking(true)?;
+    let monitor_thread = {
         let shared = shared.clone();
-        threads.push(
-            std::thread::Builder::new()
-                .name("spillway-monitor".into())
-                .spawn(move || {
-                    crate::monitor::run(monitor_cpu, admin, stop_rx, shared, registry, source)
-                })?,
-        );
-    }
+        std::thread::Builder::new()
+            .name("spillway-monitor".into())
+            .spawn(move || {
+                crate::monitor::run(monitor_cpu, admin, monitor_rx, shared, registry, source)
+            })?
+    };
     Ok(ServerHandle {
         data_addr,
         admin_addr,
         shared,
-        stops,
-        threads,
+        core_stops,
+        monitor,
+        cores,
+        monitor_thread: Some(monitor_thread),
     })
 }
 
@@ -337,6 +468,8 @@ fn run_core(
             }
         };
         let busy = arc_swap::Cache::new(shared.busy[id].clone());
+        let mut cache = arc_swap::Cache::new(shared.snapshot.clone());
+        let current = Rc::new(cache.load().clone());
         let seed = clock::now_ms() ^ (id as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ u64::from(std::process::id());
         let ctx = Rc::new(CoreCtx {
             id,
@@ -344,41 +477,57 @@ fn run_core(
             rng: RefCell::new(Rng::new(seed)),
             rr: RefCell::new(Vec::new()),
             busy: RefCell::new(busy),
+            snapshot: RefCell::new(SnapshotCache { cache, current }),
+            active_requests: std::cell::Cell::new(0),
             request_seq: std::cell::Cell::new(0),
             request_salt: Rng::new(seed ^ 0xdead_beef).next_u64(),
             shared,
         });
         monoio::spawn(crate::upstream::sweep_pools(ctx.clone()));
-        accept_loop(ctx, listener, stop).await;
+        let why = accept_until_stopped(&listener, stop, "data", |stream, peer| admit(&ctx, stream, peer)).await;
+        drop(listener);
+        if why == STOP_DRAIN {
+            drain(&ctx).await;
+        }
+        // Returning drops every remaining connection task: idle keep-alive connections close.
     });
 }
 
-async fn accept_loop(ctx: Rc<CoreCtx>, listener: TcpListener, stop: StdUnixStream) {
-    accept_until_stopped(&listener, stop, "data", |stream, peer| {
-        admit(&ctx, stream, peer)
-    })
-    .await;
+/// Waits until this core has no request in flight, or the drain deadline.
+async fn drain(ctx: &CoreCtx) {
+    let deadline = ctx.shared.drain_deadline_ms.load(Ordering::Relaxed);
+    while ctx.active_requests.get() > 0 && clock::now_ms() < deadline {
+        monoio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    if ctx.active_requests.get() > 0 {
+        tracing::warn!(
+            core = ctx.id,
+            cut = ctx.active_requests.get(),
+            "drain timeout: cutting requests in flight"
+        );
+    }
 }
 
-/// Accepts connections until a byte arrives on `stop`, handing each to `accepted`. A
-/// failed accept (EMFILE and friends) backs off briefly instead of spinning.
+/// Accepts connections until a byte arrives on `stop`, handing each to `accepted`, and
+/// returns that byte. A failed accept (EMFILE and friends) backs off briefly instead of
+/// spinning.
 pub(crate) async fn accept_until_stopped(
     listener: &TcpListener,
     stop: StdUnixStream,
     kind: &'static str,
     mut accepted: impl FnMut(TcpStream, SocketAddr),
-) {
+) -> u8 {
     let mut stop = match monoio::net::UnixStream::from_std(stop) {
         Ok(s) => s,
         Err(e) => {
             tracing::error!(listener = kind, error = %e, "cannot adopt stop channel");
-            return;
+            return STOP_NOW;
         }
     };
     let mut stopped = std::pin::pin!(stop.read(vec![0u8; 1]));
     loop {
         let next = monoio::select! {
-            _ = &mut stopped => return,
+            (_, byte) = &mut stopped => return byte.first().copied().unwrap_or(STOP_NOW),
             a = listener.accept() => a,
         };
         match next {

@@ -349,6 +349,17 @@ pub fn render(control: &Control) -> Vec<u8> {
             (labels(&[("driver", "epoll")]), legacy as f64),
         ],
     );
+    f.counter(
+        "spillway_config_reloads_total",
+        "Configuration reloads (SIGHUP or POST /reload) by result",
+        [
+            (labels(&[("result", "ok")]), control.reloads_ok as f64),
+            (
+                labels(&[("result", "error")]),
+                control.reloads_failed as f64,
+            ),
+        ],
+    );
     f.gauge(
         "spillway_config_generation",
         "Generation of the running configuration",

@@ -115,6 +115,8 @@ pub struct Monitor {
     pub table: LoadTable,
     /// Effective thresholds per model: the config's, then `/busy_threshold` changes.
     pub thresholds: HashMap<String, Thresholds>,
+    /// The thresholds the config file gave, to tell on reload whether the file changed them.
+    file_thresholds: HashMap<String, Thresholds>,
     latches: Latches,
     scratch: BusySet,
     published: Arc<BusySet>,
@@ -123,19 +125,43 @@ pub struct Monitor {
 
 impl Monitor {
     pub fn new(snap: &Snapshot) -> Monitor {
+        let file: HashMap<_, _> = snap
+            .config
+            .models
+            .iter()
+            .map(|m| (m.name.clone(), m.thresholds))
+            .collect();
         Monitor {
             table: LoadTable::default(),
-            thresholds: snap
-                .config
-                .models
-                .iter()
-                .map(|m| (m.name.clone(), m.thresholds))
-                .collect(),
+            thresholds: file.clone(),
+            file_thresholds: file,
             latches: Latches::default(),
             scratch: BusySet::default(),
             published: Arc::new(BusySet::default()),
             publishes: 0,
         }
+    }
+
+    /// Carries state into a new config generation: thresholds set through the API survive
+    /// unless the file changed that model's thresholds; state of removed workers goes.
+    pub fn on_reload(&mut self, snap: &Snapshot) {
+        let mut thresholds = HashMap::new();
+        for m in &snap.config.models {
+            let kept = self.thresholds.get(&m.name).copied();
+            let unchanged = self.file_thresholds.get(&m.name) == Some(&m.thresholds);
+            thresholds.insert(
+                m.name.clone(),
+                kept.filter(|_| unchanged).unwrap_or(m.thresholds),
+            );
+        }
+        self.thresholds = thresholds;
+        self.file_thresholds = snap
+            .config
+            .models
+            .iter()
+            .map(|m| (m.name.clone(), m.thresholds))
+            .collect();
+        self.table.retain(snap);
     }
 
     pub fn published(&self) -> &BusySet {
@@ -257,6 +283,27 @@ pub struct Control {
     pub registry: Registry,
     pub source: ConfigSource,
     pub monitor: Monitor,
+    pub reloads_ok: u64,
+    pub reloads_failed: u64,
+}
+
+/// Commands to the monitor thread, one byte each on its control socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Command {
+    Stop = b'x',
+    Reload = b'r',
+    Dump = b'u',
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("started without --config: there is no file to reload")]
+    NoFile,
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("`{0}` cannot change on reload; restart Spillway to change it")]
+    Immutable(&'static str),
 }
 
 impl Control {
@@ -267,13 +314,139 @@ impl Control {
         self.monitor.refresh_tracked(&snap, now);
         self.monitor.publish(&self.shared, &snap, now)
     }
+
+    /// Reload, all or nothing: parse and validate the file, refuse changes that need a
+    /// restart, build the next snapshot (unchanged workers keep pools, load, busy state and
+    /// slots), then switch every core to it with one store. Requests in flight finish on
+    /// the snapshot they started with. On error nothing changes.
+    pub fn reload(&mut self) -> Result<u64, ReloadError> {
+        let result = self.try_reload();
+        match &result {
+            Ok(generation) => {
+                self.reloads_ok += 1;
+                tracing::info!(generation, "configuration reloaded");
+            }
+            Err(e) => {
+                self.reloads_failed += 1;
+                tracing::error!(error = %e, "configuration reload failed; the running configuration is unchanged");
+            }
+        }
+        result
+    }
+
+    fn try_reload(&mut self) -> Result<u64, ReloadError> {
+        let path = self.source.path.as_ref().ok_or(ReloadError::NoFile)?;
+        let next = crate::config::Config::load(path, &self.source.overrides)?;
+        let old = self.shared.snapshot.load_full();
+        let was = &old.config;
+        let fixed: [(&'static str, bool); 6] = [
+            ("listen", next.listen == was.listen),
+            ("admin_listen", next.admin_listen == was.admin_listen),
+            ("cores", next.cores == was.cores),
+            ("cpus", next.cpus == was.cpus),
+            ("monitor_cpu", next.monitor_cpu == was.monitor_cpu),
+            ("pin_cores", next.pin_cores == was.pin_cores),
+        ];
+        if let Some((key, _)) = fixed.iter().find(|(_, same)| !same) {
+            return Err(ReloadError::Immutable(key));
+        }
+        let names = |c: &crate::config::Config| -> (HashSet<String>, HashSet<String>) {
+            (
+                c.models.iter().map(|m| m.name.clone()).collect(),
+                c.workers
+                    .iter()
+                    .map(|w| format!("{}={}", w.name, w.url))
+                    .collect(),
+            )
+        };
+        let ((old_models, old_workers), (new_models, new_workers)) = (names(was), names(&next));
+        let snap = Arc::new(self.registry.build(next));
+        self.monitor.on_reload(&snap);
+        self.shared.snapshot.store(snap.clone());
+        self.republish();
+        let diff = |a: &HashSet<String>, b: &HashSet<String>| {
+            let mut v: Vec<_> = a.difference(b).cloned().collect();
+            v.sort();
+            v
+        };
+        tracing::info!(
+            generation = snap.generation,
+            models_added = ?diff(&new_models, &old_models),
+            models_removed = ?diff(&old_models, &new_models),
+            workers_added = ?diff(&new_workers, &old_workers),
+            workers_removed = ?diff(&old_workers, &new_workers),
+            "new configuration committed on every core"
+        );
+        Ok(snap.generation)
+    }
+
+    /// Logs the monitor's view of every worker (SIGUSR1).
+    pub fn dump(&self) {
+        let snap = self.shared.snapshot.load_full();
+        let now = clock::now_ms();
+        let staleness = snap.config.load_staleness_ms;
+        let published = self.monitor.published();
+        tracing::info!(generation = snap.generation, busy_set = published.generation, stats = %self.shared.stats(), "state dump");
+        for w in snap.workers.iter() {
+            let load = self
+                .monitor
+                .table
+                .workers
+                .get(&w.state.slot)
+                .cloned()
+                .unwrap_or_default();
+            let busy_in: Vec<&str> = snap
+                .models
+                .iter()
+                .filter(|m| {
+                    m.members.iter().any(|mm| {
+                        snap.workers[mm.worker as usize].state.slot == w.state.slot
+                            && published.is_busy(mm.id)
+                    })
+                })
+                .map(|m| &*m.name)
+                .collect();
+            let (slots, queued) = w.gate.as_ref().map_or((0, 0), |g| g.occupancy());
+            let sources = w.cfg.load_sources;
+            tracing::info!(
+                worker = %w.cfg.name,
+                url = %w.cfg.url,
+                down = w.state.is_down(now),
+                busy_in = ?busy_in,
+                inflight = w.state.inflight_total(),
+                slots_in_use = slots,
+                slots = ?w.gate.as_ref().map(|g| g.limit()),
+                queued,
+                push = sources.push,
+                scrape = sources.scrape,
+                tracked = sources.tracked,
+                push_age_ms = ?load.last_push.map(|t| now.saturating_sub(t)),
+                scrape_age_ms = ?load.last_scrape.map(|t| now.saturating_sub(t)),
+                scrape_error = ?load.scrape_error,
+                "worker"
+            );
+            for r in 0..load.dp_size(&w.cfg) {
+                let e = load.effective(r, &w.cfg, now, staleness);
+                tracing::info!(
+                    worker = %w.cfg.name,
+                    rank = r,
+                    active_decode_blocks = ?e.active_decode_blocks,
+                    kv_used_blocks = ?e.kv_used_blocks,
+                    active_prefill_tokens = ?e.active_prefill_tokens,
+                    kv_total_blocks = ?e.kv_total_blocks,
+                    max_num_batched_tokens = ?e.max_num_batched_tokens,
+                    "rank"
+                );
+            }
+        }
+    }
 }
 
 /// Runs the monitor thread: admin listener plus monitor tasks, until stopped.
 pub fn run(
     cpu: Option<usize>,
     admin: StdListener,
-    stop: StdUnixStream,
+    commands: StdUnixStream,
     shared: Arc<Shared>,
     registry: Registry,
     source: ConfigSource,
@@ -293,6 +466,8 @@ pub fn run(
             registry,
             source,
             monitor,
+            reloads_ok: 0,
+            reloads_failed: 0,
         }));
         control.borrow_mut().republish();
         monoio::spawn(tick(control.clone()));
@@ -304,11 +479,60 @@ pub fn run(
                 return;
             }
         };
+        let (stop_admin, stop) = match StdUnixStream::pair()
+            .and_then(|(a, b)| b.set_nonblocking(true).map(|()| (a, b)))
+        {
+            Ok(pair) => pair,
+            Err(e) => {
+                tracing::error!(error = %e, "cannot create the admin stop channel");
+                return;
+            }
+        };
+        monoio::spawn(serve_commands(control.clone(), commands, stop_admin));
         crate::core::accept_until_stopped(&listener, stop, "admin", |stream, _| {
             monoio::spawn(crate::admin::serve(control.clone(), stream));
         })
         .await;
     });
+}
+
+/// Reads [`Command`]s from the process (signals arrive here as bytes).
+async fn serve_commands(
+    control: Rc<RefCell<Control>>,
+    commands: StdUnixStream,
+    stop_admin: StdUnixStream,
+) {
+    use monoio::io::AsyncReadRent;
+    use std::io::Write;
+    let stop = |mut s: &StdUnixStream| {
+        let _ = s.write_all(b"x");
+    };
+    let mut rx = match monoio::net::UnixStream::from_std(commands) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot adopt the command channel");
+            return stop(&stop_admin);
+        }
+    };
+    let mut buf = vec![0u8; 64];
+    loop {
+        let (res, b) = rx.read(buf).await;
+        buf = b;
+        let n = match res {
+            Ok(n) if n > 0 => n,
+            _ => return stop(&stop_admin),
+        };
+        for &byte in &buf[..n] {
+            match byte {
+                b if b == Command::Stop as u8 => return stop(&stop_admin),
+                b if b == Command::Reload as u8 => {
+                    let _ = control.borrow_mut().reload();
+                }
+                b if b == Command::Dump as u8 => control.borrow().dump(),
+                _ => {}
+            }
+        }
+    }
 }
 
 /// Folds tracked load in and republishes on a fixed interval.

@@ -623,3 +623,55 @@ impl Drop for Held {
 pub fn spawn_request(addr: SocketAddr, raw: Vec<u8>) -> std::thread::JoinHandle<Response> {
     std::thread::spawn(move || once(addr, &raw))
 }
+
+// ---------------------------------------------------------------------------- config files
+
+/// A config file in a fresh temp directory (removed on drop).
+pub struct ConfigFile {
+    pub dir: std::path::PathBuf,
+    pub path: std::path::PathBuf,
+}
+
+impl ConfigFile {
+    pub fn new(text: &str) -> ConfigFile {
+        use std::sync::atomic::AtomicU64;
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "spillway-test-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("spillway.toml");
+        std::fs::write(&path, text).unwrap();
+        ConfigFile { dir, path }
+    }
+
+    pub fn write(&self, text: &str) {
+        std::fs::write(&self.path, text).unwrap();
+    }
+}
+
+impl Drop for ConfigFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The common head of test configs: port 0 listeners, unpinned threads.
+pub fn test_head(cores: usize) -> String {
+    format!(
+        "listen = \"127.0.0.1:0\"\nadmin_listen = \"127.0.0.1:0\"\ncores = {cores}\npin_cores = false\n"
+    )
+}
+
+/// Starts Spillway from a config file (so it can reload it).
+pub fn proxy_file(file: &ConfigFile) -> ServerHandle {
+    let overrides = spillway::Overrides::default();
+    let config = spillway::Config::load(&file.path, &overrides).unwrap_or_else(|e| panic!("{e}"));
+    let source = spillway::monitor::ConfigSource {
+        path: Some(file.path.clone()),
+        overrides,
+    };
+    spillway::start(config, source).expect("proxy starts")
+}

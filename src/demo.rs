@@ -1,0 +1,97 @@
+//! `spillway` with no arguments: the proxy in front of two in-process mock engines with
+//! shedding on, so one command shows the whole thing working (and overloading).
+
+use std::io;
+use std::net::SocketAddr;
+
+use crate::config::{Config, ConfigError, Overrides};
+use crate::core::ServerHandle;
+use crate::mock::{MockConfig, MockHandle};
+use crate::monitor::ConfigSource;
+
+/// The model the demo serves (any OpenAI client can ask for it).
+pub const MODEL: &str = "Qwen/Qwen3-0.6B";
+/// Data and admin listeners of the demo.
+pub const LISTEN: &str = "127.0.0.1:8000";
+pub const ADMIN_LISTEN: &str = "127.0.0.1:9090";
+/// Shedding and admission the demo runs with.
+pub const DECODE_THRESHOLD: f64 = 0.85;
+pub const ENGINE_REQUEST_LIMIT: u32 = 64;
+pub const REQUEST_QUEUE_LIMIT: u32 = 16;
+
+/// A running demo: the proxy and its engines (stopped on drop, proxy first).
+#[derive(Debug)]
+pub struct Demo {
+    pub server: ServerHandle,
+    pub engines: Vec<MockHandle>,
+}
+
+/// The demo's configuration for engines at `engines`: scraped vLLM metrics plus
+/// router-tracked load, decode threshold 0.85, 64 engine slots and 16 queue places each.
+pub fn config_text(listen: &str, admin: &str, engines: &[SocketAddr]) -> String {
+    let mut text = format!(
+        "listen = \"{listen}\"\nadmin_listen = \"{admin}\"\nscrape_interval_ms = 200\n\n\
+         [[models]]\nname = \"{MODEL}\"\nrouter_mode = \"power-of-two\"\n\
+         active_decode_blocks_threshold = {DECODE_THRESHOLD}\n"
+    );
+    for (i, addr) in engines.iter().enumerate() {
+        text.push_str(&format!(
+            "\n[[models.workers]]\nurl = \"http://{addr}\"\nname = \"engine-{i}\"\n\
+             load_sources = [\"scrape\", \"tracked\"]\n\
+             engine_request_limit = {ENGINE_REQUEST_LIMIT}\nrequest_queue_limit = {REQUEST_QUEUE_LIMIT}\n"
+        ));
+    }
+    text
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DemoError {
+    #[error("cannot start a mock engine: {0}")]
+    Engine(io::Error),
+    #[error("demo configuration: {0}")]
+    Config(#[from] ConfigError),
+    #[error("cannot start the proxy on {listen} (admin {admin}): {source}")]
+    Proxy {
+        listen: String,
+        admin: String,
+        source: io::Error,
+    },
+}
+
+/// Starts two mock engines on free ports and the proxy on `listen` / `admin`.
+pub fn start(listen: &str, admin: &str, overrides: Overrides) -> Result<Demo, DemoError> {
+    let engines = (0..2u64)
+        .map(|i| {
+            crate::mock::start(MockConfig {
+                listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+                model: MODEL.to_string(),
+                seed: i,
+                ..MockConfig::default()
+            })
+        })
+        .collect::<io::Result<Vec<_>>>()
+        .map_err(DemoError::Engine)?;
+    let addrs: Vec<_> = engines.iter().map(|e| e.addr).collect();
+    let config = Config::parse(&config_text(listen, admin, &addrs), &overrides)?;
+    let source = ConfigSource {
+        path: None,
+        overrides,
+    };
+    let server = crate::core::start(config, source).map_err(|source| DemoError::Proxy {
+        listen: listen.to_string(),
+        admin: admin.to_string(),
+        source,
+    })?;
+    Ok(Demo { server, engines })
+}
+
+impl Demo {
+    /// The curl command that streams a completion through the proxy.
+    pub fn curl(&self) -> String {
+        format!(
+            "curl -N http://{}/v1/chat/completions -H 'content-type: application/json' \
+             -d '{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}],\"stream\":true}}'",
+            self.server.data_addr
+        )
+    }
+}
