@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{Config, ConfigError, DEFAULT_CONFIG, Overrides, RouterMode};
+use crate::config::{Overrides, RouterMode};
 use crate::mock::{MockConfig, defaults};
 use crate::shed::Thresholds;
 
@@ -172,17 +172,6 @@ impl Knobs {
             migration_limit: self.migration_limit,
             admin_token_env: env("SPILLWAY_ADMIN_TOKEN"),
         }
-    }
-}
-
-/// Loads `path`, or the documented example (tuning/spillway.toml) when there is none.
-pub fn load_config(
-    path: Option<&std::path::Path>,
-    overrides: &Overrides,
-) -> Result<Config, ConfigError> {
-    match path {
-        Some(p) => Config::load(p, overrides),
-        None => Config::parse(DEFAULT_CONFIG, overrides),
     }
 }
 

@@ -5,7 +5,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser as _;
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
-use spillway::cli::{Cli, Command, load_config};
+use spillway::Config;
+use spillway::cli::{Cli, Command};
 use spillway::monitor::ConfigSource;
 
 fn main() {
@@ -29,7 +30,7 @@ fn run() -> anyhow::Result<()> {
 
     match (&cli.command, &cli.config) {
         (Some(Command::CheckConfig { file }), _) => {
-            let config = load_config(Some(file), &overrides)
+            let config = Config::load(file, &overrides)
                 .with_context(|| format!("{} is not valid", file.display()))?;
             print!("{}", config.to_toml());
             eprintln!("{}: configuration OK", file.display());
@@ -45,7 +46,7 @@ fn run() -> anyhow::Result<()> {
             Ok(())
         }
         (None, Some(path)) => {
-            let config = load_config(Some(path), &overrides)
+            let config = Config::load(path, &overrides)
                 .with_context(|| format!("{} is not valid", path.display()))?;
             tracing::info!(config = %path.display(), "configuration loaded");
             let source = ConfigSource {

@@ -16,8 +16,8 @@ use crate::http::Limits;
 use crate::shed::Thresholds;
 use file::{FileConfig, FileModel, FileWorker};
 
-/// The embedded default: what `spillway --config` falls back to when no file is given.
-pub const DEFAULT_CONFIG: &str = include_str!("../../tuning/spillway.toml");
+/// The documented example (tuning/spillway.toml), kept valid by the tests.
+pub const EXAMPLE_CONFIG: &str = include_str!("../../tuning/spillway.toml");
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8000";
 pub const DEFAULT_ADMIN_LISTEN: &str = "127.0.0.1:9090";
@@ -770,8 +770,8 @@ mod tests {
         "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:8001\"\n";
 
     #[test]
-    fn embedded_default_is_valid() {
-        let c = parse(DEFAULT_CONFIG).unwrap();
+    fn documented_example_is_valid() {
+        let c = parse(EXAMPLE_CONFIG).unwrap();
         assert!(!c.models.is_empty());
     }
 
@@ -901,7 +901,7 @@ mod tests {
 
     #[test]
     fn effective_config_round_trips_through_toml() {
-        let c = parse(DEFAULT_CONFIG).unwrap();
+        let c = parse(EXAMPLE_CONFIG).unwrap();
         let text = c.to_toml();
         assert!(text.contains("listen = \"127.0.0.1:8000\""), "{text}");
     }
