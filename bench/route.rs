@@ -1,0 +1,121 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! What does one routing decision cost on the data path? As `upstream::forward::pick` does
+//! it: load the core's busy replica through its `arc_swap::Cache`, build each member's
+//! `MemberState` from the busy set, the worker's down mark and this core's in-flight count,
+//! and run `route::pick`, for a model of 8 and of 64 members in round-robin, power-of-two
+//! and least-loaded. A quarter of the members are busy, loads and in-flight counts vary.
+
+#[path = "fleet.rs"]
+mod fleet;
+
+use std::cell::RefCell;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::Relaxed;
+
+use arc_swap::ArcSwap;
+use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
+use spillway::config::snapshot::{Registry, Snapshot};
+use spillway::config::{Config, Overrides, RouterMode};
+use spillway::monitor::BusySet;
+use spillway::route::{self, MemberState, Pick, Rng};
+use spillway::upstream::inflight_here;
+
+/// The per-core state `pick` reads, shaped as in `CoreCtx`.
+struct Core {
+    id: usize,
+    busy: RefCell<arc_swap::Cache<Arc<ArcSwap<BusySet>>, Arc<BusySet>>>,
+    rr: RefCell<Vec<u64>>,
+    rng: RefCell<Rng>,
+}
+
+/// `upstream::forward::pick` minus the direct-mode branch: no request failed yet.
+fn pick(core: &Core, snap: &Snapshot, model_idx: usize, now: u64) -> Pick {
+    let failed: u128 = 0;
+    let model = &snap.models[model_idx];
+    let mut cache = core.busy.borrow_mut();
+    let busy = cache.load();
+    let shed = busy.enabled(model.id);
+    let state = |i: usize| {
+        let m = model.members[i];
+        let w = &snap.workers[m.worker as usize].state;
+        MemberState {
+            unreachable: w.is_down(now) || (i < 128 && failed & (1u128 << i) != 0),
+            busy: shed && busy.is_busy(m.id),
+            inflight: inflight_here(w, core.id),
+            load: busy.load(m.id),
+        }
+    };
+    let n = model.members.len();
+    let mut rr = core
+        .rr
+        .borrow()
+        .get(model.id as usize)
+        .copied()
+        .unwrap_or(0);
+    let picked = route::pick(
+        model.router_mode,
+        n,
+        state,
+        &mut rr,
+        &mut core.rng.borrow_mut(),
+    );
+    core.rr.borrow_mut()[model.id as usize] = rr;
+    picked
+}
+
+fn setup(members: usize, mode: &str) -> (Snapshot, Core, Arc<ArcSwap<BusySet>>) {
+    let text = fleet::model_toml(members, 1, mode, 40_000);
+    let snap = Registry::new(1).build(Config::parse(&text, &Overrides::default()).unwrap());
+    let model = &snap.models[0];
+    let mut set = BusySet::default();
+    set.set_enabled(model.id);
+    for (i, m) in model.members.iter().enumerate() {
+        if i % 4 == 1 {
+            set.set_busy(m.id);
+        }
+        set.set_load(m.id, (fleet::mix(i as u64) % 1000) as u16);
+        let w = &snap.workers[m.worker as usize].state;
+        w.tracked[0]
+            .inflight
+            .store(fleet::mix(i as u64 + 7) % 4, Relaxed);
+    }
+    set.generation = 1;
+    let replica = Arc::new(ArcSwap::from_pointee(set));
+    let core = Core {
+        id: 0,
+        busy: RefCell::new(arc_swap::Cache::new(replica.clone())),
+        rr: RefCell::new(vec![0; model.id as usize + 1]),
+        rng: RefCell::new(Rng::new(0x5eed)),
+    };
+    (snap, core, replica)
+}
+
+fn routing(c: &mut Criterion) {
+    let now = spillway::core::clock::now_ms();
+    let mut g = c.benchmark_group("route_pick");
+    for (label, mode) in [
+        ("round_robin", "round-robin"),
+        ("power_of_two", "power-of-two"),
+        ("least_loaded", "least-loaded"),
+    ] {
+        for members in [8usize, 64] {
+            let (snap, core, _replica) = setup(members, mode);
+            assert_eq!(snap.models[0].router_mode, RouterMode::parse(mode).unwrap());
+            // Never a busy member, never a refusal: a quarter are busy, the rest free.
+            for _ in 0..1000 {
+                match pick(&core, &snap, 0, now) {
+                    Pick::Member(i) => assert_ne!(i % 4, 1),
+                    other => panic!("{other:?}"),
+                }
+            }
+            g.bench_with_input(BenchmarkId::new(label, members), &members, |b, _| {
+                b.iter(|| black_box(pick(&core, black_box(&snap), 0, now)))
+            });
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, routing);
+criterion_main!(benches);

@@ -1,0 +1,324 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+//! What does the busy rule cost: one rank (`rank_busy`, all three thresholds set), and the
+//! monitor's whole pass over a fleet of 1,000 workers × 8 ranks with pushed load (JSON
+//! parse of a `/load` batch, `LoadTable::push`, `evaluate`, `Monitor::publish`)?
+//!
+//! Before criterion runs, a counting allocator reports heap allocations per call of each
+//! monitor step (the busy rule is meant to allocate nothing once warm).
+#![allow(unsafe_code)]
+
+#[path = "fleet.rs"]
+mod fleet;
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+
+use arc_swap::ArcSwap;
+use criterion::{Criterion, Throughput, criterion_group};
+use crossbeam_utils::CachePadded;
+use spillway::config::snapshot::{Registry, Snapshot};
+use spillway::config::{Config, Overrides};
+use spillway::core::Shared;
+use spillway::metrics::CoreCounters;
+use spillway::monitor::load::{Latches, LoadEvent, LoadEvents, LoadTable, evaluate};
+use spillway::monitor::{BusySet, Monitor};
+use spillway::shed::{RankLoad, Thresholds, rank_busy};
+
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is forwarded unchanged to the system allocator; counting has no
+// effect on the memory handed out.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: same contract as ours.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: same contract as ours.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+const WORKERS: usize = 1000;
+const DP: u32 = 8;
+const RANKS: u64 = WORKERS as u64 * DP as u64;
+const STALENESS_MS: u64 = 5_000;
+const NOW: u64 = 1_000_000;
+
+const ALL_THREE: Thresholds = Thresholds {
+    active_decode_blocks_threshold: Some(0.85),
+    active_prefill_tokens_threshold: Some(8192),
+    active_prefill_tokens_threshold_frac: Some(1.5),
+};
+
+fn rank(decode: u64, prefill: u64) -> RankLoad {
+    RankLoad {
+        active_decode_blocks: Some(decode),
+        kv_used_blocks: Some(decode),
+        active_prefill_tokens: Some(prefill),
+        kv_total_blocks: Some(fleet::KV_TOTAL_BLOCKS),
+        max_num_batched_tokens: Some(fleet::MAX_BATCHED_TOKENS),
+    }
+}
+
+fn busy_rule(c: &mut Criterion) {
+    let mut g = c.benchmark_group("rank_busy");
+    // Free: every check runs and none trips. Busy: the decode check (latched) or prefill.
+    for (name, load, want) in [
+        ("all_three/free", rank(1000, 2000), false),
+        ("all_three/busy_decode", rank(3600, 2000), true),
+        ("all_three/busy_prefill", rank(1000, 9000), true),
+    ] {
+        let mut latch = false;
+        assert_eq!(rank_busy(&ALL_THREE, &load, &mut latch), want);
+        g.bench_function(name, |b| {
+            b.iter(|| rank_busy(black_box(&ALL_THREE), black_box(&load), &mut latch))
+        });
+    }
+    g.finish();
+}
+
+struct Fleet {
+    snap: Snapshot,
+    json: String,
+    events: Vec<LoadEvent>,
+    thresholds: HashMap<String, Thresholds>,
+}
+
+fn fleet() -> Fleet {
+    let text = fleet::model_toml(WORKERS, DP, "round-robin", 40_000);
+    let cfg = Config::parse(&text, &Overrides::default()).unwrap();
+    let snap = Registry::new(1).build(cfg);
+    let json = fleet::load_batches(0, WORKERS, DP, 1).remove(0);
+    let events = serde_json::from_str::<LoadEvents>(&json)
+        .unwrap()
+        .into_vec();
+    assert_eq!(events.len() as u64, RANKS);
+    let thresholds = snap
+        .config
+        .models
+        .iter()
+        .map(|m| (m.name.clone(), m.thresholds))
+        .collect();
+    Fleet {
+        snap,
+        json,
+        events,
+        thresholds,
+    }
+}
+
+fn shared(cores: usize) -> Shared {
+    // Shared's fields are public: a stand-in with `cores` replicas and no runtime.
+    let empty = Arc::new(BusySet::default());
+    let text = fleet::model_toml(1, 1, "round-robin", 40_000);
+    let snap = Registry::new(cores).build(Config::parse(&text, &Overrides::default()).unwrap());
+    Shared {
+        snapshot: ArcSwap::from_pointee(snap),
+        busy: (0..cores)
+            .map(|_| Arc::new(ArcSwap::new(empty.clone())))
+            .collect(),
+        connections: AtomicUsize::new(0),
+        counters: (0..cores)
+            .map(|_| CachePadded::new(CoreCounters::default()))
+            .collect(),
+        legacy_driver: (0..cores).map(|_| AtomicBool::new(false)).collect(),
+        draining: AtomicBool::new(false),
+    }
+}
+
+/// Flips the prefill threshold between 8192 and 0 tokens (nearly every worker busy), so
+/// every publish sees a different busy set.
+fn flip(thresholds: &mut HashMap<String, Thresholds>, on: bool) {
+    if let Some(t) = thresholds.get_mut(fleet::MODEL) {
+        t.active_prefill_tokens_threshold = Some(if on { 8192 } else { 0 });
+    }
+}
+
+fn monitor(c: &mut Criterion) {
+    let f = fleet();
+    let mut g = c.benchmark_group("monitor_1000x8");
+    g.throughput(Throughput::Elements(RANKS));
+    g.sample_size(20);
+
+    // As `POST /load` parses: the untagged `LoadEvents` (one event or an array).
+    g.bench_function("parse_load_json/LoadEvents", |b| {
+        b.iter(|| {
+            black_box(
+                serde_json::from_str::<LoadEvents>(black_box(&f.json))
+                    .map(LoadEvents::into_vec)
+                    .map(|v| v.len()),
+            )
+        })
+    });
+    // Baseline: the same array parsed straight into `Vec<LoadEvent>`.
+    g.bench_function("parse_load_json/Vec<LoadEvent>", |b| {
+        b.iter(|| {
+            black_box(serde_json::from_str::<Vec<LoadEvent>>(black_box(&f.json)).map(|v| v.len()))
+        })
+    });
+
+    let mut table = LoadTable::default();
+    g.bench_function("LoadTable::push", |b| {
+        b.iter(|| black_box(table.push(&f.snap, black_box(&f.events), NOW)))
+    });
+
+    let mut latches = Latches::default();
+    let mut out = BusySet::default();
+    g.bench_function("evaluate", |b| {
+        b.iter(|| {
+            evaluate(
+                &f.snap,
+                &table,
+                &f.thresholds,
+                &mut latches,
+                NOW,
+                STALENESS_MS,
+                &mut out,
+            );
+            black_box(&out);
+        })
+    });
+
+    let shared = shared(spillway::config::default_cores());
+    let mut mon = Monitor::new(&f.snap);
+    mon.table.push(&f.snap, &f.events, NOW).unwrap();
+    mon.publish(&shared, &f.snap, NOW);
+    g.bench_function("Monitor::publish/unchanged", |b| {
+        b.iter(|| black_box(mon.publish(&shared, &f.snap, NOW)))
+    });
+    let mut on = true;
+    g.bench_function("Monitor::publish/changed", |b| {
+        b.iter(|| {
+            on = !on;
+            flip(&mut mon.thresholds, on);
+            black_box(mon.publish(&shared, &f.snap, NOW))
+        })
+    });
+    g.finish();
+}
+
+/// Does `LoadTable::push` cost per event grow with the fleet? A batch of every rank of
+/// fleets of 125 to 1,000 workers × 8 ranks.
+fn push_scaling(c: &mut Criterion) {
+    let mut g = c.benchmark_group("push_per_fleet_size");
+    g.sample_size(20);
+    for workers in [125usize, 250, 500, 1000] {
+        let text = fleet::model_toml(workers, DP, "round-robin", 40_000);
+        let snap = Registry::new(1).build(Config::parse(&text, &Overrides::default()).unwrap());
+        let json = fleet::load_batches(0, workers, DP, 1).remove(0);
+        let events = serde_json::from_str::<LoadEvents>(&json)
+            .unwrap()
+            .into_vec();
+        let mut table = LoadTable::default();
+        g.throughput(Throughput::Elements(events.len() as u64));
+        g.bench_function(format!("LoadTable::push/{workers}x8"), |b| {
+            b.iter(|| black_box(table.push(&snap, black_box(&events), NOW)))
+        });
+    }
+    g.finish();
+}
+
+/// Allocations per call of `op`, after one warm-up call.
+fn allocations(mut op: impl FnMut()) -> f64 {
+    const CALLS: u64 = 10;
+    op();
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    for _ in 0..CALLS {
+        op();
+    }
+    (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / CALLS as f64
+}
+
+fn report_allocations() {
+    let f = fleet();
+    let mut table = LoadTable::default();
+    let mut latches = Latches::default();
+    let mut out = BusySet::default();
+    let shared = shared(spillway::config::default_cores());
+    let mut mon = Monitor::new(&f.snap);
+    mon.table.push(&f.snap, &f.events, NOW).unwrap();
+
+    let rows = [
+        (
+            "parse_load_json as LoadEvents (8,000 events)",
+            allocations(|| {
+                black_box(serde_json::from_str::<LoadEvents>(&f.json).unwrap());
+            }),
+        ),
+        (
+            "parse_load_json as Vec<LoadEvent> (8,000 events)",
+            allocations(|| {
+                black_box(serde_json::from_str::<Vec<LoadEvent>>(&f.json).unwrap());
+            }),
+        ),
+        (
+            "LoadTable::push (8,000 events)",
+            allocations(|| {
+                table.push(&f.snap, &f.events, NOW).unwrap();
+            }),
+        ),
+        (
+            "evaluate (1,000 × 8)",
+            allocations(|| {
+                evaluate(
+                    &f.snap,
+                    &table,
+                    &f.thresholds,
+                    &mut latches,
+                    NOW,
+                    STALENESS_MS,
+                    &mut out,
+                );
+            }),
+        ),
+        (
+            "Monitor::publish, unchanged",
+            allocations(|| {
+                mon.publish(&shared, &f.snap, NOW);
+            }),
+        ),
+        ("Monitor::publish, changed", {
+            let mut on = true;
+            allocations(|| {
+                on = !on;
+                flip(&mut mon.thresholds, on);
+                assert!(mon.publish(&shared, &f.snap, NOW));
+            })
+        }),
+    ];
+    println!("\nHeap allocations per call (after one warm-up call):\n");
+    println!("| step | allocations per call |");
+    println!("|---|---:|");
+    for (name, n) in rows {
+        println!("| {name} | {n} |");
+    }
+    println!();
+}
+
+criterion_group!(benches, busy_rule, monitor, push_scaling);
+
+fn main() {
+    report_allocations();
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}
