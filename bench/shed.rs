@@ -13,16 +13,12 @@ mod fleet;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
 use std::hint::black_box;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
-use arc_swap::ArcSwap;
 use criterion::{Criterion, Throughput, criterion_group};
-use crossbeam_utils::CachePadded;
 use spillway::config::snapshot::{Registry, Snapshot};
 use spillway::config::{Config, Overrides};
 use spillway::core::Shared;
-use spillway::metrics::CoreCounters;
 use spillway::monitor::load::{Latches, LoadEvent, LoadEvents, LoadTable, evaluate};
 use spillway::monitor::{BusySet, Monitor};
 use spillway::shed::{RankLoad, Thresholds, rank_busy};
@@ -128,22 +124,10 @@ fn fleet() -> Fleet {
 }
 
 fn shared(cores: usize) -> Shared {
-    // Shared's fields are public: a stand-in with `cores` replicas and no runtime.
-    let empty = Arc::new(BusySet::default());
+    // The state the cores share, without a runtime: `cores` replicas to publish into.
     let text = fleet::model_toml(1, 1, "round-robin", 40_000);
     let snap = Registry::new(cores).build(Config::parse(&text, &Overrides::default()).unwrap());
-    Shared {
-        snapshot: ArcSwap::from_pointee(snap),
-        busy: (0..cores)
-            .map(|_| Arc::new(ArcSwap::new(empty.clone())))
-            .collect(),
-        connections: AtomicUsize::new(0),
-        counters: (0..cores)
-            .map(|_| CachePadded::new(CoreCounters::default()))
-            .collect(),
-        legacy_driver: (0..cores).map(|_| AtomicBool::new(false)).collect(),
-        draining: AtomicBool::new(false),
-    }
+    Shared::new(snap, cores)
 }
 
 /// Flips the prefill threshold between 8192 and 0 tokens (nearly every worker busy), so

@@ -46,6 +46,24 @@ pub struct Shared {
 }
 
 impl Shared {
+    /// Shared state for `cores` data cores, starting on `snapshot` with an empty busy set.
+    pub fn new(snapshot: Snapshot, cores: usize) -> Shared {
+        let empty = Arc::new(BusySet::default());
+        Shared {
+            snapshot: Arc::new(ArcSwap::from_pointee(snapshot)),
+            busy: (0..cores)
+                .map(|_| Arc::new(ArcSwap::new(empty.clone())))
+                .collect(),
+            connections: AtomicUsize::new(0),
+            counters: (0..cores)
+                .map(|_| CachePadded::new(CoreCounters::default()))
+                .collect(),
+            legacy_driver: (0..cores).map(|_| AtomicBool::new(false)).collect(),
+            draining: AtomicBool::new(false),
+            drain_deadline_ms: AtomicU64::new(u64::MAX),
+        }
+    }
+
     pub fn cores(&self) -> usize {
         self.counters.len()
     }
@@ -390,21 +408,7 @@ pub fn start(config: Config, source: crate::monitor::ConfigSource) -> io::Result
     let admin_addr = admin.local_addr()?;
 
     let mut registry = Registry::new(cores);
-    let snapshot = Arc::new(registry.build(config));
-    let empty = Arc::new(BusySet::default());
-    let shared = Arc::new(Shared {
-        snapshot: Arc::new(ArcSwap::new(snapshot)),
-        busy: (0..cores)
-            .map(|_| Arc::new(ArcSwap::new(empty.clone())))
-            .collect(),
-        connections: AtomicUsize::new(0),
-        counters: (0..cores)
-            .map(|_| CachePadded::new(CoreCounters::default()))
-            .collect(),
-        legacy_driver: (0..cores).map(|_| AtomicBool::new(false)).collect(),
-        draining: AtomicBool::new(false),
-        drain_deadline_ms: AtomicU64::new(u64::MAX),
-    });
+    let shared = Arc::new(Shared::new(registry.build(config), cores));
 
     let mut core_stops = Vec::new();
     let mut cores = Vec::new();
