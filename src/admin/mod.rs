@@ -18,7 +18,7 @@ use crate::http::canned::{canonical_reason, status_line};
 use crate::http::request::{RequestHead, parse_request};
 use crate::http::{BodyFraming, Method};
 use crate::monitor::Control;
-use crate::monitor::load::LoadEvents;
+use crate::monitor::load::parse_events;
 
 /// Largest admin request body (a `/load` batch for 1,000 workers × 8 ranks fits).
 pub const MAX_ADMIN_BODY: usize = 8 * 1024 * 1024;
@@ -235,8 +235,8 @@ fn push_load(control: &mut Control, req: &Request<'_>) -> Reply {
     if let Err(r) = req.require_json() {
         return r;
     }
-    let events = match serde_json::from_slice::<LoadEvents>(req.body) {
-        Ok(e) => e.into_vec(),
+    let events = match parse_events(req.body) {
+        Ok(e) => e,
         Err(e) => return Reply::error(400, format!("Invalid load event: {e}")),
     };
     let snap = control.shared.snapshot.load_full();

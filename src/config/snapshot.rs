@@ -21,12 +21,18 @@ pub struct Snapshot {
     pub config: Config,
     pub models: Box<[Model]>,
     model_index: HashMap<Box<[u8]>, usize>,
+    worker_index: HashMap<Box<str>, usize>,
     /// Same order as `config.workers`.
     pub workers: Box<[Worker]>,
     pub responses: Responses,
 }
 
 impl Snapshot {
+    /// Looks a worker up by its configured name (load events, direct routing).
+    pub fn worker_named(&self, name: &str) -> Option<&Worker> {
+        self.worker_index.get(name).map(|&i| &self.workers[i])
+    }
+
     /// Looks a model up by its decoded name.
     #[inline]
     pub fn model(&self, name: &[u8]) -> Option<&Model> {
@@ -308,12 +314,18 @@ impl Registry {
             .collect();
         self.workers.retain(|k, _| live.contains(k));
         self.gates.retain(|k, _| live.contains(k));
+        let worker_index = workers
+            .iter()
+            .enumerate()
+            .map(|(i, w)| (Box::<str>::from(w.cfg.name.as_str()), i))
+            .collect();
         let responses = Responses::new(&config, self.created);
         Snapshot {
             generation: self.generation,
             config,
             models,
             model_index,
+            worker_index,
             workers,
             responses,
         }

@@ -195,25 +195,47 @@ pub(crate) fn is_hop_by_hop(name: &[u8]) -> bool {
         || (name.len() > 6 && name[..6].eq_ignore_ascii_case(b"proxy-"))
 }
 
-/// Marks every field named by a `Connection` header token (other than close/keep-alive).
-pub(crate) fn mark_connection_named(buf: &[u8], list: &mut HeaderList) {
-    let conn_idx: u128 = list
-        .iter()
-        .enumerate()
-        .filter(|(_, h)| name_is(h.name.get(buf), "connection"))
-        .fold(0, |m, (i, _)| m | (1u128 << i));
-    if conn_idx == 0 {
-        return;
+/// Most options (field names other than `close` and `keep-alive`) accepted in the
+/// `Connection` fields of one head; more is refused as malformed.
+pub const MAX_CONNECTION_OPTIONS: usize = 16;
+
+/// The field names a head's `Connection` fields list, collected while its fields are
+/// parsed, so marking them is one pass over the fields (not fields × fields).
+#[derive(Debug, Default)]
+pub(crate) struct ConnectionOptions<'a> {
+    names: [&'a [u8]; MAX_CONNECTION_OPTIONS],
+    len: usize,
+}
+
+impl<'a> ConnectionOptions<'a> {
+    /// Takes the tokens of one `Connection` value.
+    pub(crate) fn add(&mut self, value: &'a [u8]) -> Result<(), HttpError> {
+        for token in list_tokens(value) {
+            if token.eq_ignore_ascii_case(b"close") || token.eq_ignore_ascii_case(b"keep-alive") {
+                continue;
+            }
+            if self.len == MAX_CONNECTION_OPTIONS {
+                return Err(HttpError::Malformed("too many Connection options"));
+            }
+            self.names[self.len] = token;
+            self.len += 1;
+        }
+        Ok(())
     }
-    for i in 0..list.len {
-        let name = list.fields[i].name.get(buf);
-        let named = (0..list.len)
-            .filter(|j| conn_idx & (1u128 << j) != 0)
-            .any(|j| {
-                list_tokens(list.fields[j].value.get(buf)).any(|t| t.eq_ignore_ascii_case(name))
-            });
-        if named {
-            list.skip |= 1u128 << i;
+
+    /// Marks every field a `Connection` option names as not to be forwarded.
+    pub(crate) fn mark(&self, buf: &[u8], list: &mut HeaderList) {
+        if self.len == 0 {
+            return;
+        }
+        for i in 0..list.len {
+            let name = list.fields[i].name.get(buf);
+            if self.names[..self.len]
+                .iter()
+                .any(|n| n.eq_ignore_ascii_case(name))
+            {
+                list.skip |= 1u128 << i;
+            }
         }
     }
 }

@@ -2,8 +2,8 @@
 
 use super::limits::{MAX_HEADERS, MAX_REQUEST_ID_LEN};
 use super::{
-    BodyFraming, HeaderList, HeaderSpan, HttpError, Method, Span, is_hop_by_hop, list_tokens,
-    mark_connection_named, name_is, parse_content_length,
+    BodyFraming, ConnectionOptions, HeaderList, HeaderSpan, HttpError, Method, Span, is_hop_by_hop,
+    list_tokens, name_is, parse_content_length,
 };
 
 /// A parsed request head; all spans index the buffer it was parsed from.
@@ -110,6 +110,7 @@ pub fn parse_request(
     out.target = origin_form(buf, target.as_bytes())?;
 
     let mut content_length: Option<u64> = None;
+    let mut options = ConnectionOptions::default();
     let mut chunked = false;
     let mut hosts = 0u32;
     for (i, h) in req.headers.iter().enumerate() {
@@ -142,6 +143,7 @@ pub fn parse_request(
                 chunked = true;
             }
         } else if name_is(name, "connection") {
+            options.add(value)?;
             for token in list_tokens(value) {
                 if token.eq_ignore_ascii_case(b"close") {
                     out.keep_alive = false;
@@ -173,7 +175,7 @@ pub fn parse_request(
         }
     }
     out.headers.len = req.headers.len();
-    mark_connection_named(buf, &mut out.headers);
+    options.mark(buf, &mut out.headers);
 
     if hosts > 1 {
         return Err(HttpError::Malformed("more than one Host header"));
@@ -391,6 +393,24 @@ mod tests {
         assert!(!head.keep_alive);
         assert_eq!(head.request_id.unwrap().get(raw.as_bytes()), b"abc");
         assert_eq!(head.forwarded_for.count_ones(), 1);
+    }
+
+    #[test]
+    fn connection_options_are_bounded() {
+        let sixteen: Vec<String> = (0..16).map(|i| format!("x-{i}")).collect();
+        let raw = format!(
+            "GET / HTTP/1.1\r\nHost: a\r\nConnection: keep-alive, {}\r\nX-3: v\r\nX-Kept: v\r\n\r\n",
+            sixteen.join(",")
+        );
+        assert_eq!(forwarded(&raw), ["host", "x-kept"]);
+        let raw = format!(
+            "GET / HTTP/1.1\r\nHost: a\r\nConnection: {},x-16\r\n\r\n",
+            sixteen.join(",")
+        );
+        assert_eq!(
+            parse(&raw).err(),
+            Some(HttpError::Malformed("too many Connection options"))
+        );
     }
 
     #[test]

@@ -2,8 +2,8 @@
 
 use super::limits::MAX_HEADERS;
 use super::{
-    BodyFraming, HeaderList, HeaderSpan, HttpError, Span, is_hop_by_hop, list_tokens,
-    mark_connection_named, name_is, parse_content_length,
+    BodyFraming, ConnectionOptions, HeaderList, HeaderSpan, HttpError, Span, is_hop_by_hop,
+    list_tokens, name_is, parse_content_length,
 };
 
 #[derive(Debug, Clone, Default)]
@@ -66,6 +66,7 @@ pub fn parse_response(
     };
 
     let mut content_length: Option<u64> = None;
+    let mut options = ConnectionOptions::default();
     let mut length_error = None;
     let mut chunked_last = None;
     for (i, h) in resp.headers.iter().enumerate() {
@@ -90,6 +91,7 @@ pub fn parse_response(
                 .map(|t| t.eq_ignore_ascii_case(b"chunked"))
                 .or(chunked_last);
         } else if name_is(name, "connection") {
+            options.add(h.value)?;
             for token in list_tokens(h.value) {
                 if token.eq_ignore_ascii_case(b"close") {
                     out.reusable = false;
@@ -108,7 +110,7 @@ pub fn parse_response(
         }
     }
     out.headers.len = resp.headers.len();
-    mark_connection_named(buf, &mut out.headers);
+    options.mark(buf, &mut out.headers);
 
     let no_body = request_was_head || code < 200 || code == 204 || code == 304;
     out.body = if no_body {

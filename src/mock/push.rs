@@ -107,7 +107,7 @@ pub async fn run(mock: Rc<Mock>, target: Target, worker: String, interval: Durat
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::monitor::load::LoadEvents;
+    use crate::monitor::load::parse_events;
 
     #[test]
     fn event_is_what_spillway_accepts() {
@@ -127,10 +127,9 @@ mod tests {
         };
         let mut out = String::new();
         event(&mut out, "w\"1", &cfg, &load);
-        let e = match serde_json::from_str::<LoadEvents>(&out).unwrap() {
-            LoadEvents::One(e) => e,
-            LoadEvents::Many(_) => panic!("one event"),
-        };
+        let mut events = parse_events(out.as_bytes()).unwrap();
+        assert_eq!(events.len(), 1, "one event");
+        let e = events.remove(0);
         assert_eq!(e.worker_id.name(), "w\"1");
         assert_eq!(e.dp_rank, 0);
         assert_eq!(e.active_decode_blocks, Some(7));

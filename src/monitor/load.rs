@@ -148,19 +148,22 @@ pub struct LoadEvent {
     pub dp_size: Option<u32>,
 }
 
-/// One event or a batch.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum LoadEvents {
-    One(LoadEvent),
-    Many(Vec<LoadEvent>),
+/// Parses a `POST /load` body: one event, or an array of them. The first byte decides,
+/// so an array is read straight into a `Vec` (an untagged enum would buffer it first).
+pub fn parse_events(body: &[u8]) -> serde_json::Result<Vec<LoadEvent>> {
+    if body.trim_ascii_start().first() == Some(&b'[') {
+        serde_json::from_slice(body)
+    } else {
+        serde_json::from_slice::<LoadEvent>(body).map(|e| vec![e])
+    }
 }
 
-impl LoadEvents {
-    pub fn into_vec(self) -> Vec<LoadEvent> {
+impl WorkerRef {
+    /// Runs `f` with the id as text, without allocating for numeric ids.
+    fn with_name<R>(&self, f: impl FnOnce(&str) -> R) -> R {
         match self {
-            LoadEvents::One(e) => vec![e],
-            LoadEvents::Many(v) => v,
+            WorkerRef::Name(s) => f(s),
+            WorkerRef::Number(n) => f(itoa::Buffer::new().format(*n)),
         }
     }
 }
@@ -203,29 +206,28 @@ impl LoadTable {
         let mut targets = Vec::with_capacity(events.len());
         let mut unknown = Vec::new();
         for e in events {
-            let name = e.worker_id.name();
-            match snap.workers.iter().find(|w| w.cfg.name == name) {
-                Some(w) => {
-                    let dp = e.dp_size.unwrap_or_else(|| {
-                        self.workers
-                            .get(&w.state.slot)
-                            .map_or(w.cfg.dp_size, |l| l.dp_size(&w.cfg) as u32)
-                    });
-                    if e.dp_size == Some(0) {
-                        return Err(PushError::Invalid(format!(
-                            "dp_size must be at least 1 (worker {name})"
-                        )));
-                    }
-                    if e.dp_rank >= dp {
-                        return Err(PushError::Invalid(format!(
-                            "dp_rank {} is out of range for worker {name} (dp_size {dp})",
-                            e.dp_rank
-                        )));
-                    }
-                    targets.push(w.state.slot);
-                }
-                None => unknown.push(name),
+            let Some(w) = e.worker_id.with_name(|name| snap.worker_named(name)) else {
+                unknown.push(e.worker_id.name());
+                continue;
+            };
+            let dp = e.dp_size.unwrap_or_else(|| {
+                self.workers
+                    .get(&w.state.slot)
+                    .map_or(w.cfg.dp_size, |l| l.dp_size(&w.cfg) as u32)
+            });
+            if e.dp_size == Some(0) {
+                return Err(PushError::Invalid(format!(
+                    "dp_size must be at least 1 (worker {})",
+                    w.cfg.name
+                )));
             }
+            if e.dp_rank >= dp {
+                return Err(PushError::Invalid(format!(
+                    "dp_rank {} is out of range for worker {} (dp_size {dp})",
+                    e.dp_rank, w.cfg.name
+                )));
+            }
+            targets.push(w.state.slot);
         }
         if !unknown.is_empty() {
             return Err(PushError::UnknownWorker(unknown.join(", ")));
@@ -342,7 +344,7 @@ mod tests {
     }
 
     fn ev(json: &str) -> Vec<LoadEvent> {
-        serde_json::from_str::<LoadEvents>(json).unwrap().into_vec()
+        parse_events(json.as_bytes()).unwrap()
     }
 
     fn thresholds(s: &Snapshot) -> HashMap<String, Thresholds> {
@@ -405,10 +407,10 @@ mod tests {
         );
         assert!(matches!(err, Err(PushError::Invalid(m)) if m.contains("dp_rank 1")));
         assert!(t.workers.is_empty());
-        assert!(serde_json::from_str::<LoadEvents>(r#"{"worker_id":"a","bogus":1}"#).is_err());
+        assert!(parse_events(br#"{"worker_id":"a","bogus":1}"#).is_err());
+        assert!(parse_events(br#"{"worker_id":"a","active_decode_blocks":-1}"#).is_err());
         assert!(
-            serde_json::from_str::<LoadEvents>(r#"{"worker_id":"a","active_decode_blocks":-1}"#)
-                .is_err()
+            parse_events(br#"  [{"worker_id":"a"},{"worker_id":7}]"#).is_ok_and(|v| v.len() == 2)
         );
     }
 

@@ -159,12 +159,12 @@ pub fn pick(
         }
         RouterMode::LeastLoaded => (0..n)
             .map(|k| (start + k) % n)
-            .filter(|&i| state(i).eligible())
-            .min_by_key(|&i| {
+            .filter_map(|i| {
                 let s = state(i);
-                (s.inflight, s.load)
+                s.eligible().then_some((i, (s.inflight, s.load)))
             })
-            .unwrap_or_default(),
+            .min_by_key(|&(_, key)| key)
+            .map_or(0, |(i, _)| i),
     };
     Pick::Member(chosen)
 }
