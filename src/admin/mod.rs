@@ -252,60 +252,11 @@ fn push_load(control: &mut Control, req: &Request<'_>) -> Reply {
 /// `GET /load`: what the monitor currently believes, per worker and rank.
 fn load_state(control: &Control) -> Reply {
     let snap = control.shared.snapshot.load_full();
-    let now = clock::now_ms();
-    let staleness = snap.config.load_staleness_ms;
-    let published = control.monitor.published();
-    let workers: Vec<_> = snap
-        .workers
-        .iter()
-        .map(|w| {
-            let load = control
-                .monitor
-                .table
-                .workers
-                .get(&w.state.slot)
-                .cloned()
-                .unwrap_or_default();
-            let ranks: Vec<_> = (0..load.dp_size(&w.cfg))
-                .map(|r| {
-                    let e = load.effective(r, &w.cfg, now, staleness);
-                    serde_json::json!({
-                        "dp_rank": r,
-                        "active_decode_blocks": e.active_decode_blocks,
-                        "kv_used_blocks": e.kv_used_blocks,
-                        "active_prefill_tokens": e.active_prefill_tokens,
-                        "kv_total_blocks": e.kv_total_blocks,
-                        "max_num_batched_tokens": e.max_num_batched_tokens,
-                    })
-                })
-                .collect();
-            let busy_in: Vec<_> = snap
-                .models
-                .iter()
-                .filter(|m| {
-                    m.members.iter().any(|mm| {
-                        snap.workers[mm.worker as usize].state.slot == w.state.slot
-                            && published.is_busy(mm.id)
-                    })
-                })
-                .map(|m| m.name.to_string())
-                .collect();
-            serde_json::json!({
-                "worker_id": w.cfg.name,
-                "url": w.cfg.url,
-                "down": w.state.is_down(now),
-                "busy_in": busy_in,
-                "inflight": w.state.inflight_total(),
-                "last_push_age_ms": load.last_push.map(|t| now.saturating_sub(t)),
-                "last_scrape_age_ms": load.last_scrape.map(|t| now.saturating_sub(t)),
-                "scrape_error": load.scrape_error,
-                "ranks": ranks,
-            })
-        })
-        .collect();
+    let workers = control.monitor.report(&snap, clock::now_ms());
+    let generation = control.monitor.published().generation;
     Reply::json(
         200,
-        &serde_json::json!({ "generation": published.generation, "workers": workers }),
+        &serde_json::json!({ "generation": generation, "workers": workers }),
     )
 }
 

@@ -142,18 +142,7 @@ impl Conn {
                 HeadRead::Bad(e) => {
                     add(&self.ctx.counters().bad_requests, 1);
                     self.new_request_id(None);
-                    let msg = e.to_string();
-                    let _ = self
-                        .respond(
-                            Local::Error {
-                                status: e.status(),
-                                message: &msg,
-                                allow: None,
-                            },
-                            false,
-                            true,
-                        )
-                        .await;
+                    self.refuse_framing(e).await;
                     return;
                 }
             }
@@ -335,22 +324,20 @@ impl Conn {
                 self.respond(resp, keep, with_body).await && keep
             }
             Err(BodyError::Closed) => false,
-            Err(BodyError::Bad(e)) => {
-                let msg = e.to_string();
-                let _ = self
-                    .respond(
-                        Local::Error {
-                            status: e.status(),
-                            message: &msg,
-                            allow: None,
-                        },
-                        false,
-                        true,
-                    )
-                    .await;
-                false
-            }
+            Err(BodyError::Bad(e)) => self.refuse_framing(e).await,
         }
+    }
+
+    /// Answers a request whose framing is in doubt, and closes: returns false.
+    async fn refuse_framing(&mut self, e: HttpError) -> bool {
+        let message = e.to_string();
+        let resp = Local::Error {
+            status: e.status(),
+            message: &message,
+            allow: None,
+        };
+        let _ = self.respond(resp, false, true).await;
+        false
     }
 
     async fn respond(&mut self, resp: Local<'_>, keep_alive: bool, with_body: bool) -> bool {
@@ -399,19 +386,7 @@ impl Conn {
             Err(BodyError::Closed) => return false,
             Err(BodyError::Bad(e)) => {
                 add(&self.ctx.counters().bad_requests, 1);
-                let msg = e.to_string();
-                let _ = self
-                    .respond(
-                        Local::Error {
-                            status: e.status(),
-                            message: &msg,
-                            allow: None,
-                        },
-                        false,
-                        true,
-                    )
-                    .await;
-                return false;
+                return self.refuse_framing(e).await;
             }
         };
 

@@ -383,62 +383,113 @@ impl Control {
     /// Logs the monitor's view of every worker (SIGUSR1).
     pub fn dump(&self) {
         let snap = self.shared.snapshot.load_full();
-        let now = clock::now_ms();
-        let staleness = snap.config.load_staleness_ms;
         let published = self.monitor.published();
         tracing::info!(generation = snap.generation, busy_set = published.generation, stats = %self.shared.stats(), "state dump");
-        for w in snap.workers.iter() {
-            let load = self
-                .monitor
-                .table
-                .workers
-                .get(&w.state.slot)
-                .cloned()
-                .unwrap_or_default();
-            let busy_in: Vec<&str> = snap
-                .models
-                .iter()
-                .filter(|m| {
-                    m.members.iter().any(|mm| {
-                        snap.workers[mm.worker as usize].state.slot == w.state.slot
-                            && published.is_busy(mm.id)
-                    })
-                })
-                .map(|m| &*m.name)
-                .collect();
-            let (slots, queued) = w.gate.as_ref().map_or((0, 0), |g| g.occupancy());
-            let sources = w.cfg.load_sources;
+        for w in self.monitor.report(&snap, clock::now_ms()) {
             tracing::info!(
-                worker = %w.cfg.name,
-                url = %w.cfg.url,
-                down = w.state.is_down(now),
-                busy_in = ?busy_in,
-                inflight = w.state.inflight_total(),
-                slots_in_use = slots,
-                slots = ?w.gate.as_ref().map(|g| g.limit()),
-                queued,
-                push = sources.push,
-                scrape = sources.scrape,
-                tracked = sources.tracked,
-                push_age_ms = ?load.last_push.map(|t| now.saturating_sub(t)),
-                scrape_age_ms = ?load.last_scrape.map(|t| now.saturating_sub(t)),
-                scrape_error = ?load.scrape_error,
+                worker = %w.worker_id,
+                url = %w.url,
+                down = w.down,
+                busy_in = ?w.busy_in,
+                inflight = w.inflight,
+                slots_in_use = w.slots_in_use,
+                slots = ?w.slots,
+                queued = w.queued,
+                push = w.sources.push,
+                scrape = w.sources.scrape,
+                tracked = w.sources.tracked,
+                push_age_ms = ?w.last_push_age_ms,
+                scrape_age_ms = ?w.last_scrape_age_ms,
+                scrape_error = ?w.scrape_error,
                 "worker"
             );
-            for r in 0..load.dp_size(&w.cfg) {
-                let e = load.effective(r, &w.cfg, now, staleness);
+            for r in &w.ranks {
                 tracing::info!(
-                    worker = %w.cfg.name,
-                    rank = r,
-                    active_decode_blocks = ?e.active_decode_blocks,
-                    kv_used_blocks = ?e.kv_used_blocks,
-                    active_prefill_tokens = ?e.active_prefill_tokens,
-                    kv_total_blocks = ?e.kv_total_blocks,
-                    max_num_batched_tokens = ?e.max_num_batched_tokens,
+                    worker = %w.worker_id,
+                    rank = r.dp_rank,
+                    active_decode_blocks = ?r.load.active_decode_blocks,
+                    kv_used_blocks = ?r.load.kv_used_blocks,
+                    active_prefill_tokens = ?r.load.active_prefill_tokens,
+                    kv_total_blocks = ?r.load.kv_total_blocks,
+                    max_num_batched_tokens = ?r.load.max_num_batched_tokens,
                     "rank"
                 );
             }
         }
+    }
+}
+
+/// What the monitor believes about one worker (`GET /load`, SIGUSR1).
+#[derive(Debug, serde::Serialize)]
+pub struct WorkerReport {
+    pub worker_id: String,
+    pub url: String,
+    pub down: bool,
+    /// Models in whose published busy set the worker is.
+    pub busy_in: Vec<String>,
+    pub inflight: u64,
+    pub slots_in_use: u64,
+    /// `engine_request_limit`, when set.
+    pub slots: Option<u32>,
+    pub queued: u64,
+    pub sources: crate::config::LoadSources,
+    pub last_push_age_ms: Option<u64>,
+    pub last_scrape_age_ms: Option<u64>,
+    pub scrape_error: Option<String>,
+    pub ranks: Vec<RankReport>,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct RankReport {
+    pub dp_rank: usize,
+    #[serde(flatten)]
+    pub load: crate::shed::RankLoad,
+}
+
+impl Monitor {
+    /// One report per configured worker, effective loads as the busy rule sees them now.
+    pub fn report(&self, snap: &Snapshot, now: u64) -> Vec<WorkerReport> {
+        let empty = load::WorkerLoad::default();
+        let published = self.published();
+        snap.workers
+            .iter()
+            .map(|w| {
+                let load = self.table.workers.get(&w.state.slot).unwrap_or(&empty);
+                let busy_in = snap
+                    .models
+                    .iter()
+                    .filter(|m| {
+                        m.members.iter().any(|mm| {
+                            snap.workers[mm.worker as usize].state.slot == w.state.slot
+                                && published.is_busy(mm.id)
+                        })
+                    })
+                    .map(|m| m.name.to_string())
+                    .collect();
+                let (slots_in_use, queued) = w.gate.as_ref().map_or((0, 0), |g| g.occupancy());
+                let staleness = snap.config.load_staleness_ms;
+                WorkerReport {
+                    worker_id: w.cfg.name.clone(),
+                    url: w.cfg.url.clone(),
+                    down: w.state.is_down(now),
+                    busy_in,
+                    inflight: w.state.inflight_total(),
+                    slots_in_use,
+                    slots: w.gate.as_ref().map(|g| g.limit()),
+                    queued,
+                    sources: w.cfg.load_sources,
+                    last_push_age_ms: load.last_push.map(|t| now.saturating_sub(t)),
+                    last_scrape_age_ms: load.last_scrape.map(|t| now.saturating_sub(t)),
+                    scrape_error: load.scrape_error.clone(),
+                    ranks: (0..load.dp_size(&w.cfg))
+                        .map(|r| RankReport {
+                            dp_rank: r,
+                            load: load.effective(r, &w.cfg, now, staleness),
+                        })
+                        .collect(),
+                }
+            })
+            .collect()
     }
 }
 

@@ -58,7 +58,7 @@ impl Thresholds {
 }
 
 /// One rank's effective load and capacity; `None` = unknown (never read as zero).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct RankLoad {
     pub active_decode_blocks: Option<u64>,
     pub kv_used_blocks: Option<u64>,
