@@ -376,11 +376,21 @@ pub(crate) fn runtime() -> io::Result<
         monoio::time::TimeDriver<monoio::LegacyDriver>,
     >,
 > {
-    match monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
-        .with_entries(2048)
-        .enable_timer()
-        .build()
-    {
+    let fusion = |tuned: bool| {
+        let mut ring = io_uring::IoUring::builder();
+        if tuned {
+            // One thread submits to each ring, and completions are reaped when the core
+            // parks: no inter-processor interrupt or signal-style task work per completion.
+            ring.setup_coop_taskrun().setup_single_issuer();
+        }
+        monoio::RuntimeBuilder::<monoio::FusionDriver>::new()
+            .uring_builder(ring)
+            .with_entries(2048)
+            .enable_timer()
+            .build()
+    };
+    // Older kernels refuse the flags (COOP_TASKRUN 5.19, SINGLE_ISSUER 6.0): plain ring.
+    match fusion(true).or_else(|_| fusion(false)) {
         Ok(rt) => Ok(rt),
         Err(e) => {
             tracing::warn!(error = %e, "io_uring runtime failed to start; using epoll");

@@ -17,6 +17,9 @@ use crate::config::snapshot::WorkerState;
 use crate::core::{CoreCtx, clock};
 use crate::metrics::{add, sub};
 
+/// Pooled connections idle at least this long are checked with a peek before reuse.
+pub const PEEK_AFTER_IDLE_MS: u64 = 200;
+
 /// Idle keep-alive connections of one core, per worker slot (newest last).
 #[derive(Debug, Default)]
 pub struct Pools {
@@ -33,12 +36,16 @@ impl Pools {
     pub fn take(&mut self, slot: u32, now_ms: u64, idle_timeout_ms: u64) -> Option<TcpStream> {
         let list = self.idle.get_mut(slot as usize)?;
         while let Some((stream, since)) = list.pop() {
-            if now_ms.saturating_sub(since) >= idle_timeout_ms {
+            let idle = now_ms.saturating_sub(since);
+            if idle >= idle_timeout_ms {
                 // Newest is stale, so all are.
                 list.clear();
                 return None;
             }
-            if is_open(&stream) {
+            // A connection back from a response moments ago is open: servers that close
+            // after a response say `Connection: close` (never pooled), and keep-alive
+            // timeouts are seconds. Peek (one syscall) only after a real idle spell.
+            if idle < PEEK_AFTER_IDLE_MS || is_open(&stream) {
                 return Some(stream);
             }
         }
