@@ -1,0 +1,205 @@
+# Shared helpers for the load benchmarks (sourced by bench/*/run.sh; bash only).
+#
+# Every script: installs what it lacks, works on loopback, keeps each step under a
+# `timeout`, arms a watchdog for the whole run, and on exit (normal, error, Ctrl-C or
+# watchdog) stops every process it started and deletes its temp directory.
+
+set -euo pipefail
+
+BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+REPO_DIR="$(cd "$BENCH_DIR/.." && pwd)"
+WORK_DIR="$BENCH_DIR/work"          # git-ignored: the Python venv and nothing else
+RESULTS_DIR="$BENCH_DIR/results"
+SPILLWAY="$REPO_DIR/target/release/spillway"
+mkdir -p "$WORK_DIR" "$RESULTS_DIR"
+
+BENCH_PIDS=()
+BENCH_TMP=""
+WATCHDOG_PID=""
+
+log() { printf '[%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+die() { log "error: $*"; exit 1; }
+
+# Stops every process started with `spawn` (TERM, then KILL after 3 s) and removes the
+# temp dir. Runs once, on EXIT.
+bench_cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  [[ -n "$WATCHDOG_PID" ]] && kill "$WATCHDOG_PID" 2>/dev/null || true
+  local pid
+  for pid in "${BENCH_PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  local deadline=$((SECONDS + 3))
+  for pid in "${BENCH_PIDS[@]}"; do
+    while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  [[ -n "$BENCH_TMP" && -d "$BENCH_TMP" ]] && rm -rf "$BENCH_TMP"
+  exit "$rc"
+}
+
+# bench_init NAME: temp dir and traps. Call first.
+bench_init() {
+  BENCH_TMP="$(mktemp -d "/tmp/spillway-bench-$1.XXXXXX")"
+  trap bench_cleanup EXIT
+  trap 'log "interrupted"; exit 130' INT TERM
+}
+
+# watchdog SECONDS: ends the run (through the EXIT trap) when it lasts longer. Armed after
+# the tool installs, which can take minutes once. It kills its own sleep when stopped, so
+# nothing outlives the run.
+watchdog() {
+  local max=$1
+  (
+    sleep "$max" &
+    sp=$!
+    trap 'kill $sp 2>/dev/null; exit 0' TERM
+    wait "$sp" && { log "watchdog: ran past ${max}s, stopping"; kill -TERM $$; }
+  ) &
+  WATCHDOG_PID=$!
+}
+
+# Priority of everything a benchmark starts (servers and clients alike): other people's
+# builds share these CPUs, and a higher weight keeps their time slices out of our tails.
+BENCH_NICE=${BENCH_NICE:--10}
+
+# run_pinned CPU CMD...: runs CMD pinned to CPU and waits for it, but as a background job, so an
+# INT/TERM (or the watchdog) is handled at once and the cleanup stops CMD too. Returns
+# CMD's status.
+run_pinned() {
+  local cpu=$1; shift
+  nice -n "$BENCH_NICE" taskset -c "$cpu" "$@" &
+  local pid=$! rc=0
+  BENCH_PIDS+=("$pid")
+  wait "$pid" || rc=$?
+  local keep=() p
+  for p in "${BENCH_PIDS[@]}"; do [[ "$p" != "$pid" ]] && keep+=("$p"); done
+  BENCH_PIDS=("${keep[@]}")
+  return "$rc"
+}
+
+# spawn CPU LOGNAME CMD...: runs CMD pinned to CPU in the background, remembers its pid.
+# A plain command line (nice execs taskset execs CMD), so $! is CMD's own pid: the one to
+# signal and to read CPU times from.
+SPAWNED=""
+spawn() {
+  local cpu=$1 logname=$2; shift 2
+  nice -n "$BENCH_NICE" taskset -c "$cpu" "$@" >"$BENCH_TMP/$logname.log" 2>&1 &
+  SPAWNED=$!
+  BENCH_PIDS+=("$SPAWNED")
+}
+
+# stop_pid PID: TERM, wait up to 3 s, KILL; forgets it.
+stop_pid() {
+  local pid=$1 deadline=$((SECONDS + 3))
+  kill -TERM "$pid" 2>/dev/null || true
+  while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do sleep 0.05; done
+  kill -KILL "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  local keep=() p
+  for p in "${BENCH_PIDS[@]}"; do [[ "$p" != "$pid" ]] && keep+=("$p"); done
+  BENCH_PIDS=("${keep[@]}")
+}
+
+# listening PORT: whether a TCP socket listens on 127.0.0.1:PORT (asks the kernel, so no
+# probe connection: a connect to a free port in the ephemeral range can connect to itself).
+listening() {
+  [[ -n $(ss -Hltn "sport = :$1" 2>/dev/null) ]]
+}
+
+# wait_port PORT [PID]: until something listens on 127.0.0.1:PORT (10 s at most); with PID,
+# fails as soon as that process has exited (say, it could not bind).
+wait_port() {
+  local port=$1 pid=${2:-} deadline=$((SECONDS + 10))
+  while ((SECONDS < deadline)); do
+    if [[ -n $pid ]] && ! kill -0 "$pid" 2>/dev/null; then
+      die "process $pid exited before listening on port $port"
+    fi
+    listening "$port" && return 0
+    sleep 0.05
+  done
+  die "nothing listens on 127.0.0.1:$port after 10 s"
+}
+
+# port_unused PORT: fails when something already listens there (a leftover listener would
+# share an SO_REUSEPORT port silently).
+port_unused() {
+  if listening "$1"; then
+    die "port $1 is already in use: $(ss -Hltnp "sport = :$1" 2>/dev/null | head -3)"
+  fi
+}
+
+# free_ports N: N distinct unused loopback TCP ports (the kernel's picks, all held at once).
+free_ports() {
+  python3 - "$1" <<'PY'
+import socket, sys
+socks = [socket.socket() for _ in range(int(sys.argv[1]))]
+for s in socks:
+    s.bind(("127.0.0.1", 0))
+print(" ".join(str(s.getsockname()[1]) for s in socks))
+PY
+}
+
+# need CMD DEBIAN_PACKAGE: apt-get install the package when CMD is missing.
+need() {
+  local cmd=$1 pkg=$2
+  command -v "$cmd" >/dev/null 2>&1 && return 0
+  log "installing $pkg (apt-get)"
+  if ! DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$pkg" >/dev/null 2>&1; then
+    apt-get update -qq >/dev/null 2>&1 || true
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$pkg" >/dev/null \
+      || die "cannot install $pkg"
+  fi
+}
+
+# ensure_oha: oha from crates.io (the constant-rate client when wrk2 is absent; ~5 min).
+ensure_oha() {
+  export PATH="$HOME/.cargo/bin:$PATH"
+  command -v oha >/dev/null 2>&1 && return 0
+  log "installing oha (cargo install oha --locked, takes minutes)"
+  timeout 1200 cargo install oha --locked >"$BENCH_TMP/oha-install.log" 2>&1 \
+    || { tail -20 "$BENCH_TMP/oha-install.log" >&2; die "cargo install oha failed"; }
+}
+
+# ensure_venv: bench/work/venv with matplotlib; sets PY to its python.
+ensure_venv() {
+  local venv="$WORK_DIR/venv"
+  if ! "$venv/bin/python" -c 'import matplotlib' 2>/dev/null; then
+    log "creating $venv with matplotlib (pip)"
+    python3 -m venv "$venv" || { need python3 python3-venv; python3 -m venv "$venv"; }
+    "$venv/bin/pip" install -q --disable-pip-version-check matplotlib \
+      || die "pip install matplotlib failed"
+  fi
+  PY="$venv/bin/python"
+}
+
+# ensure_spillway: the release binary, built when missing or older than the sources.
+ensure_spillway() {
+  if [[ ! -x "$SPILLWAY" ]] || [[ -n "$(find "$REPO_DIR/src" "$REPO_DIR/Cargo.toml" \
+      -newer "$SPILLWAY" -print -quit)" ]]; then
+    log "building spillway (cargo build --release)"
+    (cd "$REPO_DIR" && cargo build --release --quiet) || die "cargo build failed"
+  fi
+}
+
+# cpu_ticks PID...: utime+stime of the processes (all their threads), in clock ticks.
+cpu_ticks() {
+  local total=0 pid f
+  for pid in "$@"; do
+    # After the ")" that ends comm: state is field 3 of stat, utime 14, stime 15.
+    read -r -a f <<<"$(sed 's/^.*) //' "/proc/$pid/stat")"
+    total=$((total + f[11] + f[12]))
+  done
+  echo "$total"
+}
+
+# machine_header: Markdown lines describing the machine and the moment.
+machine_header() {
+  local model cores kernel
+  model=$(lscpu | sed -n 's/^Model name: *//p' | head -1)
+  cores=$(nproc)
+  kernel=$(uname -r)
+  echo "- Machine: $model, $cores CPUs ($(lscpu | sed -n 's/^Hypervisor vendor: *//p' | head -1 | sed 's/^./VM: &/')), $(awk '/MemTotal/{printf "%.0f GiB", $2/1048576}' /proc/meminfo), kernel $kernel, $(. /etc/os-release && echo "$PRETTY_NAME")"
+  echo "- Load average at start: $(cut -d' ' -f1-3 /proc/loadavg) (the 2 CPUs are shared with other engineers' builds and tests; see Caveats)"
+  echo "- Date: $(date -u +%Y-%m-%dT%H:%MZ); Spillway $(git -C "$REPO_DIR" describe --always --dirty 2>/dev/null) ($("$SPILLWAY" --version))"
+}

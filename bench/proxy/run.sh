@@ -1,0 +1,255 @@
+#!/usr/bin/env bash
+# Proxy overhead: direct vs Spillway vs nginx vs HAProxy in front of one fast origin.
+#
+#   bench/proxy/run.sh            # ~7 min; writes bench/results/proxy.md and proxy.png
+#
+# Placement (2-CPU machine): the proxy under test on CPU 0; the origin (nginx returning a
+# fixed JSON body) and the load generator on CPU 1. Every request is a keep-alive
+# POST /v1/chat/completions with a small JSON body.
+#
+# Per round, targets in turn (direct, spillway, nginx, haproxy):
+#   - peak: wrk closed loop, CONNS connections, 1 thread, DURATION seconds;
+#   - for each RATE: constant rate for DURATION seconds with coordinated-omission
+#     correction (wrk2 -R when wrk2 is on PATH, else oha -q RATE --latency-correction),
+#     latency percentiles and the proxy's CPU time per request (utime+stime of all its
+#     processes and threads from /proc/PID/stat, divided by the requests answered).
+# The report takes the median over ROUNDS rounds and the ratio to nginx.
+#
+# Knobs (environment): ROUNDS=3 DURATION=8 RATES="2000 5000 10000" CONNS=64
+# TARGETS="direct spillway nginx haproxy" MAX_SECONDS=570 (watchdog, after installs)
+# BENCH_NICE=-10.
+
+source "$(dirname "${BASH_SOURCE[0]}")/../lib/common.sh"
+
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-8}
+RATES=${RATES:-"2000 5000 10000"}
+CONNS=${CONNS:-64}
+TARGETS=${TARGETS:-"direct spillway nginx haproxy"}
+MAX_SECONDS=${MAX_SECONDS:-570}
+PROXY_CPU=0
+LOAD_CPU=1
+HERE="$BENCH_DIR/proxy"
+BODY='{"model":"bench-model","messages":[{"role":"user","content":"Say hello in one word."}],"max_tokens":8}'
+
+bench_init proxy
+START=$SECONDS
+
+need python3 python3
+need curl curl
+need wrk wrk
+need nginx nginx-light
+need haproxy haproxy
+need taskset util-linux
+need ss iproute2
+if command -v wrk2 >/dev/null 2>&1; then RATE_TOOL=wrk2; else RATE_TOOL=oha; ensure_oha; fi
+ensure_venv
+ensure_spillway
+watchdog "$MAX_SECONDS"
+
+T=$BENCH_TMP
+read -r P_ORIGIN P_SPILLWAY P_ADMIN P_NGINX P_HAPROXY <<<"$(free_ports 5)"
+
+# --- configurations -------------------------------------------------------------------
+mkdir -p "$T/origin" "$T/nginx"
+cat >"$T/origin.conf" <<EOF
+# The origin: a fast fixed answer to POST /v1/chat/completions.
+worker_processes 1;
+worker_cpu_affinity 10;
+daemon off;
+pid $T/origin/nginx.pid;
+error_log $T/origin/error.log warn;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  client_body_temp_path $T/origin; proxy_temp_path $T/origin; fastcgi_temp_path $T/origin;
+  uwsgi_temp_path $T/origin; scgi_temp_path $T/origin;
+  keepalive_requests 100000000;
+  keepalive_timeout 120s;
+  server {
+    listen 127.0.0.1:$P_ORIGIN backlog=4096;
+    location = /v1/chat/completions {
+      default_type application/json;
+      return 200 '{"id":"chatcmpl-bench","object":"chat.completion","model":"bench-model","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}';
+    }
+  }
+}
+EOF
+
+cat >"$T/spillway.toml" <<EOF
+listen = "127.0.0.1:$P_SPILLWAY"
+admin_listen = "127.0.0.1:$P_ADMIN"
+cores = 1
+cpus = [$PROXY_CPU]
+monitor_cpu = $PROXY_CPU
+
+[[models]]
+name = "bench-model"
+
+[[models.workers]]
+url = "http://127.0.0.1:$P_ORIGIN"
+name = "origin"
+EOF
+
+cat >"$T/nginx.conf" <<EOF
+# nginx as the equivalent keep-alive reverse proxy: one worker on CPU 0.
+worker_processes 1;
+worker_cpu_affinity 01;
+daemon off;
+pid $T/nginx/nginx.pid;
+error_log $T/nginx/error.log warn;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  client_body_temp_path $T/nginx; proxy_temp_path $T/nginx; fastcgi_temp_path $T/nginx;
+  uwsgi_temp_path $T/nginx; scgi_temp_path $T/nginx;
+  keepalive_requests 100000000;
+  keepalive_timeout 120s;
+  upstream origin {
+    server 127.0.0.1:$P_ORIGIN;
+    keepalive 128;
+    keepalive_requests 100000000;
+  }
+  server {
+    listen 127.0.0.1:$P_NGINX backlog=4096;
+    location / {
+      proxy_pass http://origin;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }
+  }
+}
+EOF
+
+cat >"$T/haproxy.cfg" <<EOF
+# HAProxy as the equivalent keep-alive reverse proxy: one thread on CPU 0.
+global
+    nbthread 1
+    cpu-map 1/1 $PROXY_CPU
+    maxconn 8000
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 60s
+    timeout server 60s
+    timeout http-keep-alive 60s
+    option http-keep-alive
+    http-reuse always
+frontend fe
+    bind 127.0.0.1:$P_HAPROXY
+    default_backend be
+backend be
+    server origin 127.0.0.1:$P_ORIGIN
+EOF
+
+"$SPILLWAY" check-config "$T/spillway.toml" >/dev/null 2>&1 || die "spillway config invalid"
+haproxy -c -q -f "$T/haproxy.cfg" || die "haproxy config invalid"
+nginx -t -q -c "$T/nginx.conf" -p "$T/nginx" 2>/dev/null || die "nginx config invalid"
+
+# --- processes ------------------------------------------------------------------------
+spawn $LOAD_CPU origin nginx -c "$T/origin.conf" -p "$T/origin"
+wait_port "$P_ORIGIN" "$SPAWNED"
+RUST_LOG=warn spawn $PROXY_CPU spillway "$SPILLWAY" --config "$T/spillway.toml"
+PID_SPILLWAY=$SPAWNED
+spawn $PROXY_CPU nginx nginx -c "$T/nginx.conf" -p "$T/nginx"
+PID_NGINX=$SPAWNED
+spawn $PROXY_CPU haproxy haproxy -db -f "$T/haproxy.cfg"
+PID_HAPROXY=$SPAWNED
+wait_port "$P_SPILLWAY" "$PID_SPILLWAY"
+wait_port "$P_NGINX" "$PID_NGINX"
+wait_port "$P_HAPROXY" "$PID_HAPROXY"
+
+port_of() {
+  case $1 in
+    direct) echo "$P_ORIGIN" ;; spillway) echo "$P_SPILLWAY" ;;
+    nginx) echo "$P_NGINX" ;; haproxy) echo "$P_HAPROXY" ;;
+  esac
+}
+# The proxy's processes: Spillway (all threads), nginx master + worker, HAProxy.
+pids_of() {
+  case $1 in
+    direct) ;;
+    spillway) echo "$PID_SPILLWAY" ;;
+    nginx) echo "$PID_NGINX $(pgrep -P "$PID_NGINX" | tr '\n' ' ')" ;;
+    haproxy) echo "$PID_HAPROXY" ;;
+  esac
+}
+
+# Every target must answer 200 with the origin's body before measuring.
+for tgt in $TARGETS; do
+  out=$(curl -s -m 5 -X POST -H 'content-type: application/json' -d "$BODY" \
+    "http://127.0.0.1:$(port_of "$tgt")/v1/chat/completions") || die "$tgt: request failed"
+  [[ "$out" == *chatcmpl-bench* ]] || die "$tgt: unexpected answer: $out"
+done
+
+RAW="$T/raw.tsv"
+printf 'round\ttarget\tkind\trate\ttool\tticks\twall_s\tfile\n' >"$RAW"
+CLK_TCK=$(getconf CLK_TCK)
+
+# measure ROUND TARGET KIND RATE: one run; appends a line to $RAW.
+measure() {
+  local round=$1 tgt=$2 kind=$3 rate=$4
+  local url="http://127.0.0.1:$(port_of "$tgt")/v1/chat/completions"
+  local file="$T/r$round-$tgt-$kind-$rate.out" tool pids t0 t1 w0 w1
+  read -r -a pids <<<"$(pids_of "$tgt")"
+  t0=0; ((${#pids[@]})) && t0=$(cpu_ticks "${pids[@]}")
+  w0=$(date +%s.%N)
+  if [[ $kind == peak ]]; then
+    tool=wrk
+    run_pinned $LOAD_CPU timeout $((DURATION + 20)) wrk -t1 -c"$CONNS" -d"${DURATION}s" \
+      --latency -s "$HERE/post.lua" "$url" >"$file" 2>&1 || log "$tgt peak: wrk exited $?"
+  elif [[ $RATE_TOOL == wrk2 ]]; then
+    tool=wrk2
+    run_pinned $LOAD_CPU timeout $((DURATION + 20)) wrk2 -t1 -c"$CONNS" -d"${DURATION}s" \
+      -R"$rate" --latency -s "$HERE/post.lua" "$url" >"$file" 2>&1 || log "$tgt $rate: wrk2 exited $?"
+  else
+    tool=oha
+    run_pinned $LOAD_CPU timeout $((DURATION + 20)) oha --no-tui --output-format json \
+      -z "${DURATION}s" -q "$rate" --latency-correction -c "$CONNS" -m POST \
+      -H 'content-type: application/json' -d "$BODY" "$url" >"$file" 2>"$file.err" \
+      || log "$tgt $rate: oha exited $?"
+  fi
+  w1=$(date +%s.%N)
+  t1=0; ((${#pids[@]})) && t1=$(cpu_ticks "${pids[@]}")
+  printf '%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n' "$round" "$tgt" "$kind" "$rate" "$tool" \
+    "$((t1 - t0))" "$(awk -v a="$w0" -v b="$w1" 'BEGIN{printf "%.3f", b-a}')" "$file" >>"$RAW"
+}
+
+# Warm-up: a few seconds per target (pools, caches, the origin's connections).
+for tgt in $TARGETS; do
+  run_pinned $LOAD_CPU timeout 10 wrk -t1 -c"$CONNS" -d2s -s "$HERE/post.lua" \
+    "http://127.0.0.1:$(port_of "$tgt")/v1/chat/completions" >/dev/null 2>&1 || true
+done
+
+for round in $(seq 1 "$ROUNDS"); do
+  for tgt in $TARGETS; do
+    log "round $round/$ROUNDS: $tgt"
+    measure "$round" "$tgt" peak 0
+    for rate in $RATES; do measure "$round" "$tgt" rate "$rate"; done
+  done
+done
+
+# Spillway's health after the runs: its own error counters and logs go into the report.
+curl -s -m 5 "http://127.0.0.1:$P_ADMIN/metrics" >"$T/spillway-metrics.txt" || true
+for tgt in spillway nginx haproxy; do
+  pid=$(pids_of "$tgt" | awk '{print $1}')
+  kill -0 "$pid" 2>/dev/null || log "warning: $tgt (pid $pid) is gone"
+done
+
+ELAPSED=$((SECONDS - START))
+{
+  echo "# Proxy overhead: direct vs Spillway vs nginx vs HAProxy"
+  echo
+  echo "Generated by \`bench/proxy/run.sh\` (ROUNDS=$ROUNDS DURATION=${DURATION}s RATES=\"$RATES\" CONNS=$CONNS); run time ${ELAPSED}s."
+  echo
+  machine_header
+  echo "- Tools: $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2), $(if [[ $RATE_TOOL == wrk2 ]]; then echo "wrk2 ($(command -v wrk2))"; else oha --version; fi), $(nginx -v 2>&1 | sed 's/.*: //'), $(haproxy -v | head -1 | cut -d' ' -f1-3), Python $(python3 -c 'import platform; print(platform.python_version())')"
+  echo "- Placement: proxy under test on CPU $PROXY_CPU (Spillway cores=1 cpus=[0] monitor_cpu=0; nginx worker_processes 1 + worker_cpu_affinity 01; HAProxy nbthread 1 + cpu-map 1/1 0; all also under taskset -c 0); origin nginx and the load generator on CPU $LOAD_CPU."
+} >"$T/header.md"
+cp "$T/spillway.log" "$T/spillway-stderr.txt" 2>/dev/null || true
+
+"$PY" "$HERE/report.py" --raw "$RAW" --header "$T/header.md" --clk-tck "$CLK_TCK" \
+  --metrics "$T/spillway-metrics.txt" --spillway-log "$T/spillway.log" \
+  --out-md "$RESULTS_DIR/proxy.md" --out-png "$RESULTS_DIR/proxy.png" \
+  --out-raw "$RESULTS_DIR/proxy-raw.tsv"
+log "done in ${ELAPSED}s: $RESULTS_DIR/proxy.md"
