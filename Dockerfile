@@ -12,19 +12,22 @@ FROM rust:1.95-slim-bookworm AS builder
 WORKDIR /src
 
 # Dependency layer: build the locked dependencies against stub sources, so a change to
-# Spillway's own code does not rebuild them.
+# Spillway's own code does not rebuild them. Cargo loads every workspace member's manifest,
+# so each member gets one here (.ci/docker-stages replays these steps in CI).
 COPY Cargo.toml Cargo.lock ./
-RUN mkdir src \
+COPY mock/Cargo.toml mock/
+COPY testkit/Cargo.toml testkit/
+RUN mkdir -p src mock/src testkit/src \
  && echo 'fn main() {}' > src/main.rs \
- && touch src/lib.rs \
- && cargo build --release --locked \
- && rm -rf src
+ && touch src/lib.rs mock/src/lib.rs testkit/src/lib.rs \
+ && cargo build --release --locked --bin spillway \
+ && rm -rf src mock/src testkit/src
 
 # The release build CI runs. COPY keeps the files' modification times, older than the stubs'
 # build: touch the crate roots or cargo keeps the stub binary.
 COPY . .
-RUN touch src/main.rs src/lib.rs \
- && cargo build --release --locked
+RUN touch src/main.rs src/lib.rs mock/src/lib.rs \
+ && cargo build --release --locked --bin spillway
 
 FROM debian:bookworm-slim
 # Unpinned: bookworm's point and security releases drop superseded versions from the archive, so

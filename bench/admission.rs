@@ -5,6 +5,7 @@
 //! - `queue/enqueue_wake`: the overflow path: a ticket that must wait registers its waker,
 //!   a release wakes it, it runs and leaves.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods)] // a benchmark times itself
 
 use std::future::Future;
 use std::hint::black_box;

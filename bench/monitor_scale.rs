@@ -18,6 +18,7 @@
 //! `cargo bench --bench monitor_scale`. `SPILLWAY_BENCH_SECS` sets the seconds per push
 //! phase (default 10), `SPILLWAY_BENCH_PARTS` the arrays per tick to try (default `1,4`).
 //! Without `--bench` (`cargo test --benches`) it runs a short smoke version.
+#![allow(clippy::disallowed_methods)] // a benchmark times itself
 
 #[path = "fleet.rs"]
 mod fleet;
@@ -234,7 +235,7 @@ fn main() {
     let config = spillway::Config::parse(&text, &overrides).unwrap();
     let server = spillway::start(
         config,
-        spillway::monitor::ConfigSource {
+        spillway::ConfigSource {
             path: None,
             overrides,
         },

@@ -15,6 +15,7 @@
 //! allowed CPUs minus one, Spillway's default core count), `SPILLWAY_BENCH_PUBLISHES=n` the
 //! number of publishes (default 20,000). Without `--bench` (`cargo test --benches`) it runs
 //! a 500-publish smoke test.
+#![allow(clippy::disallowed_methods)] // a benchmark times itself
 
 use std::hint::black_box;
 use std::sync::Arc;
@@ -23,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;
-use spillway::monitor::BusySet;
+use spillway::state::BusySet;
 
 /// The last generation; readers stop on it.
 const STOP: u64 = u64::MAX;

@@ -15,11 +15,9 @@ use std::sync::atomic::Ordering::Relaxed;
 
 use arc_swap::ArcSwap;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
-use spillway::config::snapshot::{Registry, Snapshot};
-use spillway::config::{Config, Overrides, RouterMode};
-use spillway::monitor::BusySet;
-use spillway::route::{self, MemberState, Pick, Rng};
-use spillway::upstream::inflight_here;
+use spillway::config::{Config, Overrides};
+use spillway::route::{self, MemberState, Pick, Rng, RouterMode};
+use spillway::state::{BusySet, Snapshot};
 
 /// The per-core state `pick` reads, shaped as in `CoreCtx`.
 struct Core {
@@ -42,7 +40,7 @@ fn pick(core: &Core, snap: &Snapshot, model_idx: usize, now: u64) -> Pick {
         MemberState {
             unreachable: w.is_down(now) || (i < 128 && failed & (1u128 << i) != 0),
             busy: shed && busy.is_busy(m.id),
-            inflight: inflight_here(w, core.id),
+            inflight: w.inflight_on(core.id),
             load: busy.load(m.id),
         }
     };
@@ -66,7 +64,8 @@ fn pick(core: &Core, snap: &Snapshot, model_idx: usize, now: u64) -> Pick {
 
 fn setup(members: usize, mode: &str) -> (Snapshot, Core, Arc<ArcSwap<BusySet>>) {
     let text = fleet::model_toml(members, 1, mode, 40_000);
-    let snap = Registry::new(1).build(Config::parse(&text, &Overrides::default()).unwrap());
+    let snap =
+        Snapshot::standalone(Config::parse(&text, &Overrides::default()).unwrap(), 1).unwrap();
     let model = &snap.models[0];
     let mut set = BusySet::default();
     set.set_enabled(model.id);
@@ -92,7 +91,7 @@ fn setup(members: usize, mode: &str) -> (Snapshot, Core, Arc<ArcSwap<BusySet>>) 
 }
 
 fn routing(c: &mut Criterion) {
-    let now = spillway::core::clock::now_ms();
+    let now = spillway::runtime::clock::now_ms();
     let mut g = c.benchmark_group("route_pick");
     for (label, mode) in [
         ("round_robin", "round-robin"),

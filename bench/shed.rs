@@ -5,54 +5,23 @@
 //!
 //! Before criterion runs, a counting allocator reports heap allocations per call of each
 //! monitor step (the busy rule is meant to allocate nothing once warm).
-#![allow(unsafe_code)]
 
 #[path = "fleet.rs"]
 mod fleet;
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
 use std::hint::black_box;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use criterion::{Criterion, Throughput, criterion_group};
-use spillway::config::snapshot::{Registry, Snapshot};
 use spillway::config::{Config, Overrides};
-use spillway::core::Shared;
+use spillway::monitor::Monitor;
 use spillway::monitor::load::{Latches, LoadEvent, LoadTable, evaluate, parse_events};
-use spillway::monitor::{BusySet, Monitor};
 use spillway::shed::{RankLoad, Thresholds, rank_busy};
-
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator; counting has no
-// effect on the memory handed out.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use spillway::state::{BusySet, Shared, Snapshot};
+use spillway_testkit::alloc::{CountingAlloc, allocations};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 const WORKERS: usize = 1000;
 const DP: u32 = 8;
@@ -103,7 +72,7 @@ struct Fleet {
 fn fleet() -> Fleet {
     let text = fleet::model_toml(WORKERS, DP, "round-robin", 40_000);
     let cfg = Config::parse(&text, &Overrides::default()).unwrap();
-    let snap = Registry::new(1).build(cfg);
+    let snap = Snapshot::standalone(cfg, 1).unwrap();
     let json = fleet::load_batches(0, WORKERS, DP, 1).remove(0);
     let events = parse_events(json.as_bytes()).unwrap();
     assert_eq!(events.len() as u64, RANKS);
@@ -124,7 +93,8 @@ fn fleet() -> Fleet {
 fn shared(cores: usize) -> Shared {
     // The state the cores share, without a runtime: `cores` replicas to publish into.
     let text = fleet::model_toml(1, 1, "round-robin", 40_000);
-    let snap = Registry::new(cores).build(Config::parse(&text, &Overrides::default()).unwrap());
+    let snap =
+        Snapshot::standalone(Config::parse(&text, &Overrides::default()).unwrap(), cores).unwrap();
     Shared::new(snap, cores)
 }
 
@@ -200,7 +170,8 @@ fn push_scaling(c: &mut Criterion) {
     g.sample_size(20);
     for workers in [125usize, 250, 500, 1000] {
         let text = fleet::model_toml(workers, DP, "round-robin", 40_000);
-        let snap = Registry::new(1).build(Config::parse(&text, &Overrides::default()).unwrap());
+        let snap =
+            Snapshot::standalone(Config::parse(&text, &Overrides::default()).unwrap(), 1).unwrap();
         let json = fleet::load_batches(0, workers, DP, 1).remove(0);
         let events = parse_events(json.as_bytes()).unwrap();
         let mut table = LoadTable::default();
@@ -213,14 +184,14 @@ fn push_scaling(c: &mut Criterion) {
 }
 
 /// Allocations per call of `op`, after one warm-up call.
-fn allocations(mut op: impl FnMut()) -> f64 {
+fn allocations_per_call(mut op: impl FnMut()) -> f64 {
     const CALLS: u64 = 10;
     op();
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = allocations();
     for _ in 0..CALLS {
         op();
     }
-    (ALLOCATIONS.load(Ordering::Relaxed) - before) as f64 / CALLS as f64
+    (allocations() - before) as f64 / CALLS as f64
 }
 
 fn report_allocations() {
@@ -235,25 +206,25 @@ fn report_allocations() {
     let rows = [
         (
             "parse_load_json with parse_events (8,000 events)",
-            allocations(|| {
+            allocations_per_call(|| {
                 black_box(parse_events(f.json.as_bytes()).unwrap());
             }),
         ),
         (
             "parse_load_json as Vec<LoadEvent> (8,000 events)",
-            allocations(|| {
+            allocations_per_call(|| {
                 black_box(serde_json::from_str::<Vec<LoadEvent>>(&f.json).unwrap());
             }),
         ),
         (
             "LoadTable::push (8,000 events)",
-            allocations(|| {
+            allocations_per_call(|| {
                 table.push(&f.snap, &f.events, NOW).unwrap();
             }),
         ),
         (
             "evaluate (1,000 × 8)",
-            allocations(|| {
+            allocations_per_call(|| {
                 evaluate(
                     &f.snap,
                     &table,
@@ -267,13 +238,13 @@ fn report_allocations() {
         ),
         (
             "Monitor::publish, unchanged",
-            allocations(|| {
+            allocations_per_call(|| {
                 mon.publish(&shared, &f.snap, NOW);
             }),
         ),
         ("Monitor::publish, changed", {
             let mut on = true;
-            allocations(|| {
+            allocations_per_call(|| {
                 on = !on;
                 flip(&mut mon.thresholds, on);
                 assert!(mon.publish(&shared, &f.snap, NOW));

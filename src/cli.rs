@@ -1,4 +1,4 @@
-//! Command line: `spillway [--config FILE]`, `spillway check-config FILE`,
+//! The command line (part of the binary): `spillway [--config FILE]`, `spillway check-config FILE`,
 //! `spillway mock-engine [FLAGS]`, and the Dynamo-named knobs (semantics §9), each also
 //! readable from its environment variable.
 
@@ -6,9 +6,10 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
-use crate::config::{Overrides, RouterMode};
-use crate::mock::{MockConfig, defaults};
-use crate::shed::Thresholds;
+use spillway::Overrides;
+use spillway::route::RouterMode;
+use spillway::shed::Thresholds;
+use spillway_mock::{MockConfig, defaults};
 
 #[derive(Debug, Parser)]
 #[command(

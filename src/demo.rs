@@ -1,13 +1,13 @@
-//! `spillway` with no arguments: the proxy in front of two in-process mock engines with
-//! shedding on, so one command shows the whole thing working (and overloading).
+//! `spillway` with no arguments (part of the binary): the proxy in front of two
+//! in-process mock engines with shedding on, so one command shows the whole thing
+//! working (and overloading).
 
 use std::io;
 use std::net::SocketAddr;
 
-use crate::config::{Config, ConfigError, Overrides};
-use crate::core::ServerHandle;
-use crate::mock::{MockConfig, MockHandle};
-use crate::monitor::ConfigSource;
+use spillway::config::ConfigError;
+use spillway::{Config, ConfigSource, Overrides, ServerHandle};
+use spillway_mock::{MockConfig, MockHandle};
 
 /// The model the demo serves (any OpenAI client can ask for it).
 pub const MODEL: &str = "Qwen/Qwen3-0.6B";
@@ -62,7 +62,7 @@ pub enum DemoError {
 pub fn start(listen: &str, admin: &str, overrides: Overrides) -> Result<Demo, DemoError> {
     let engines = (0..2u64)
         .map(|i| {
-            crate::mock::start(MockConfig {
+            spillway_mock::start(MockConfig {
                 listen: SocketAddr::from(([127, 0, 0, 1], 0)),
                 model: MODEL.to_string(),
                 seed: i,
@@ -77,7 +77,7 @@ pub fn start(listen: &str, admin: &str, overrides: Overrides) -> Result<Demo, De
         path: None,
         overrides,
     };
-    let server = crate::core::start(config, source).map_err(|source| DemoError::Proxy {
+    let server = spillway::start(config, source).map_err(|source| DemoError::Proxy {
         listen: listen.to_string(),
         admin: admin.to_string(),
         source,
@@ -93,5 +93,32 @@ impl Demo {
              -d '{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}],\"stream\":true}}'",
             self.server.data_addr
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn demo_serves_a_completion() {
+        use std::io::{Read, Write};
+        let demo = start("127.0.0.1:0", "127.0.0.1:0", Overrides::default()).unwrap();
+        let body = format!(
+            r#"{{"model":"{MODEL}","messages":[{{"role":"user","content":"hi"}}],"max_tokens":3}}"#
+        );
+        let request = format!(
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: d\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        let mut s = std::net::TcpStream::connect(demo.server.data_addr).unwrap();
+        s.set_read_timeout(Some(std::time::Duration::from_secs(20)))
+            .unwrap();
+        s.write_all(request.as_bytes()).unwrap();
+        let mut reply = String::new();
+        s.read_to_string(&mut reply).unwrap();
+        assert!(reply.starts_with("HTTP/1.1 200 OK\r\n"), "{reply}");
+        assert!(reply.contains("\"completion_tokens\":3"), "{reply}");
+        assert!(demo.curl().contains(&demo.server.data_addr.to_string()));
     }
 }

@@ -1,28 +1,36 @@
 //! Spillway: a load-shedding HTTP/1.1 edge proxy for LLM inference fleets.
 //!
-//! Modules in the order a request meets them: [`config`] → [`core`] (thread-per-core
-//! runtime, accept, connection) → [`http`] (sans-io codec) → [`route`] (model lookup,
-//! router modes) → [`shed`] (busy rule) → [`admission`] (engine slots and queue) →
-//! [`upstream`] (pools, forwarding, streaming) → [`monitor`] (load state, busy
-//! publication) → [`admin`] → [`metrics`]. Around them: [`cli`], [`demo`] and [`mock`]
-//! (a simulated inference engine). ARCHITECTURE.md has the map and the invariants.
+//! Modules in layers; each imports only from the layers below it (checked by
+//! `tests/architecture.rs`, drawn in ARCHITECTURE.md):
+//! 1. decision code, pure: [`http`] (sans-io codec), [`shed`] (busy rule), [`admission`]
+//!    (engine slots and queue), [`route`] (model scan, router modes);
+//! 2. [`config`]: the file and its validation;
+//! 3. [`state`]: what the threads share (snapshot, busy set, per-worker atomics, counters);
+//! 4. [`runtime`]: runtimes, CPU placement, listeners, the clock, the client read slot,
+//!    name resolution;
+//! 5. what runs on it: [`monitor`] (load, busy publication, reload), [`metrics`]
+//!    (exposition), [`admin`] (control API), [`proxy`] (the data path);
+//! 6. [`server`]: the wiring that starts it all.
 
 #![forbid(unsafe_code)]
 
-pub mod admin;
 pub mod admission;
-pub mod config;
-pub mod core;
 pub mod http;
-pub mod metrics;
-pub mod monitor;
 pub mod route;
 pub mod shed;
-pub mod upstream;
 
-pub mod cli;
-pub mod demo;
-pub mod mock;
+pub mod config;
 
-pub use crate::config::{Config, Overrides};
-pub use crate::core::{ServerHandle, start};
+pub mod state;
+
+pub mod runtime;
+
+pub mod admin;
+pub mod metrics;
+pub mod monitor;
+pub mod proxy;
+
+pub mod server;
+
+pub use crate::config::{Config, ConfigSource, Overrides};
+pub use crate::server::{ServerHandle, start};

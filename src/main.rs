@@ -1,13 +1,18 @@
-//! The `spillway` binary: arguments, logging, start, signals. Everything else is the library.
+//! The `spillway` binary: arguments, logging, start, signals; with `cli.rs` (the command
+//! line) and `demo.rs` (the no-argument demo). Everything else is the library.
 
+mod cli;
+mod demo;
+
+use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser as _;
+use cli::{Cli, Command};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
-use spillway::Config;
-use spillway::cli::{Cli, Command};
-use spillway::monitor::ConfigSource;
+use spillway::runtime::{clock, resolve};
+use spillway::{Config, ConfigSource, Overrides};
 
 fn main() {
     if let Err(e) = run() {
@@ -29,61 +34,68 @@ fn run() -> anyhow::Result<()> {
     let overrides = cli.knobs.overrides(|k| std::env::var(k).ok());
 
     match (&cli.command, &cli.config) {
-        (Some(Command::CheckConfig { file }), _) => {
-            let config = Config::load(file, &overrides)
-                .with_context(|| format!("{} is not valid", file.display()))?;
-            print!("{}", config.to_toml());
-            eprintln!("{}: configuration OK", file.display());
-            Ok(())
-        }
-        (Some(Command::MockEngine(args)), _) => {
-            let mock =
-                spillway::mock::start(args.config()).context("cannot start the mock engine")?;
-            tracing::info!(listen = %mock.addr, "mock engine serving");
-            let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
-            let _ = signals.forever().next();
-            mock.shutdown();
-            Ok(())
-        }
-        (None, Some(path)) => {
-            let config = Config::load(path, &overrides)
-                .with_context(|| format!("{} is not valid", path.display()))?;
-            tracing::info!(config = %path.display(), "configuration loaded");
-            let source = ConfigSource {
-                path: Some(path.clone()),
-                overrides,
-            };
-            let server = spillway::start(config, source).context("cannot start")?;
-            tracing::info!(listen = %server.data_addr, admin = %server.admin_addr, "spillway is serving");
-            serve_until_stopped(server, None)
-        }
-        (None, None) => {
-            let demo = spillway::demo::start(
-                spillway::demo::LISTEN,
-                spillway::demo::ADMIN_LISTEN,
-                overrides,
-            )
-            .context(
-                "cannot start the demo (is port 8000 or 9090 taken? run with --config FILE)",
-            )?;
-            tracing::info!(
-                listen = %demo.server.data_addr,
-                admin = %demo.server.admin_addr,
-                engines = ?demo.engines.iter().map(|e| e.addr).collect::<Vec<_>>(),
-                model = spillway::demo::MODEL,
-                decode_threshold = spillway::demo::DECODE_THRESHOLD,
-                engine_request_limit = spillway::demo::ENGINE_REQUEST_LIMIT,
-                request_queue_limit = spillway::demo::REQUEST_QUEUE_LIMIT,
-                "demo: no --config given, so Spillway runs in front of two in-process mock engines \
-                 with shedding on; `spillway --config FILE` runs the real thing"
-            );
-            tracing::info!("try: {}", demo.curl());
-            let spillway::demo::Demo { server, engines } = demo;
-            let result = serve_until_stopped(server, Some(Duration::from_secs(1)));
-            drop(engines);
-            result
-        }
+        (Some(Command::CheckConfig { file }), _) => check_config(file, &overrides),
+        (Some(Command::MockEngine(args)), _) => mock_engine(args),
+        (None, Some(path)) => serve_file(path, overrides),
+        (None, None) => serve_demo(overrides),
     }
+}
+
+/// `spillway check-config FILE`: validates, resolves the names, prints the effective
+/// configuration (like `nginx -t`).
+fn check_config(file: &Path, overrides: &Overrides) -> anyhow::Result<()> {
+    let invalid = || format!("{} is not valid", file.display());
+    let config = Config::load(file, overrides).with_context(invalid)?;
+    resolve::resolve(&config).with_context(invalid)?;
+    print!("{}", config.to_toml());
+    eprintln!("{}: configuration OK", file.display());
+    Ok(())
+}
+
+/// `spillway mock-engine`: the simulated engine alone, until SIGTERM or SIGINT.
+fn mock_engine(args: &cli::MockArgs) -> anyhow::Result<()> {
+    let mock = spillway_mock::start(args.config()).context("cannot start the mock engine")?;
+    tracing::info!(listen = %mock.addr, "mock engine serving");
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
+    let _ = signals.forever().next();
+    mock.shutdown();
+    Ok(())
+}
+
+/// `spillway --config FILE`.
+fn serve_file(path: &Path, overrides: Overrides) -> anyhow::Result<()> {
+    let config = Config::load(path, &overrides)
+        .with_context(|| format!("{} is not valid", path.display()))?;
+    tracing::info!(config = %path.display(), "configuration loaded");
+    let source = ConfigSource {
+        path: Some(path.to_path_buf()),
+        overrides,
+    };
+    let server = spillway::start(config, source).context("cannot start")?;
+    tracing::info!(listen = %server.data_addr, admin = %server.admin_addr, "spillway is serving");
+    serve_until_stopped(server, None)
+}
+
+/// `spillway` alone: the demo, with a status line every second.
+fn serve_demo(overrides: Overrides) -> anyhow::Result<()> {
+    let running = demo::start(demo::LISTEN, demo::ADMIN_LISTEN, overrides)
+        .context("cannot start the demo (is port 8000 or 9090 taken? run with --config FILE)")?;
+    tracing::info!(
+        listen = %running.server.data_addr,
+        admin = %running.server.admin_addr,
+        engines = ?running.engines.iter().map(|e| e.addr).collect::<Vec<_>>(),
+        model = demo::MODEL,
+        decode_threshold = demo::DECODE_THRESHOLD,
+        engine_request_limit = demo::ENGINE_REQUEST_LIMIT,
+        request_queue_limit = demo::REQUEST_QUEUE_LIMIT,
+        "demo: no --config given, so Spillway runs in front of two in-process mock engines \
+         with shedding on; `spillway --config FILE` runs the real thing"
+    );
+    tracing::info!("try: {}", running.curl());
+    let demo::Demo { server, engines } = running;
+    let result = serve_until_stopped(server, Some(Duration::from_secs(1)));
+    drop(engines);
+    result
 }
 
 /// Runs until drained: SIGHUP reloads, SIGUSR1 dumps state, SIGTERM/SIGINT drain (a
@@ -95,7 +107,7 @@ fn serve_until_stopped(
     let mut signals = signal_hook::iterator::Signals::new([SIGHUP, SIGUSR1, SIGTERM, SIGINT])
         .context("cannot install signal handlers")?;
     let mut draining = false;
-    let mut last_status = std::time::Instant::now();
+    let mut last_status = clock::now();
     loop {
         for sig in signals.pending() {
             match sig {
@@ -117,7 +129,7 @@ fn serve_until_stopped(
             tracing::info!("drained; exiting");
             return Ok(());
         }
-        if let Some(every) = status.filter(|e| last_status.elapsed() >= *e) {
+        if let Some(every) = status.filter(|e| clock::since(last_status) >= *e) {
             tracing::info!("{}", server.shared.stats());
             last_status += every;
         }

@@ -1,10 +1,10 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods)] // tests time what they observe
 //! Worker admission: N engine slots plus a FIFO queue of Q across all cores, refusals,
 //! migration to another worker, a Spillway in front of Spillways, and counters back to
 //! zero after any mix of faults.
 
-mod common;
-use common::*;
+use spillway_testkit::*;
 use std::time::Duration;
 
 const AT_CAPACITY: &str = "Server overloaded: worker at capacity";

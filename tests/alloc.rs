@@ -3,45 +3,15 @@
 //! allocation while the proxy serves steady keep-alive traffic (small JSON request,
 //! Content-Length response). The client and the fake worker here use fixed buffers and
 //! std sockets, so every allocation counted would be the proxy's.
-#![allow(unsafe_code)]
 
-mod common;
-
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
-use std::sync::atomic::{AtomicU64, Ordering};
 
-struct Counting;
-
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is forwarded unchanged to the system allocator; counting has no
-// effect on the memory handed out.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc(layout) }
-    }
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: same contract as ours.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: same contract as ours.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-}
+use spillway_testkit::alloc::{CountingAlloc, allocations};
+use spillway_testkit::{model, proxy};
 
 #[global_allocator]
-static GLOBAL: Counting = Counting;
+static GLOBAL: CountingAlloc = CountingAlloc;
 
 const REQUEST: &[u8] = b"POST /v1/chat/completions HTTP/1.1\r\nHost: spillway\r\nContent-Type: application/json\r\n\
 Content-Length: 72\r\n\r\n{\"model\":\"m\",\"messages\":[{\"role\":\"user\",\"content\":\"say hi\"}],\"stream\":0}";
@@ -102,7 +72,7 @@ fn steady_state_proxying_allocates_nothing() {
             });
         }
     });
-    let p = common::proxy(1, &common::model("m", "", &[worker_url]));
+    let p = proxy(1, &model("m", "", &[worker_url]));
     let mut client = TcpStream::connect(p.data_addr).unwrap();
     client.set_nodelay(true).unwrap();
     let mut buf = [0u8; 4096];
@@ -118,13 +88,13 @@ fn steady_state_proxying_allocates_nothing() {
     for _ in 0..500 {
         round(&mut client);
     }
-    let before = ALLOCATIONS.load(Ordering::SeqCst);
+    let before = allocations();
     assert!(before > 0, "the counting allocator is not installed");
     const N: u64 = 5_000;
     for _ in 0..N {
         round(&mut client);
     }
-    let allocations = ALLOCATIONS.load(Ordering::SeqCst) - before;
+    let allocations = allocations() - before;
     assert_eq!(
         allocations, 0,
         "{allocations} heap allocations over {N} proxied requests"

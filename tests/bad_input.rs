@@ -2,8 +2,7 @@
 //! Bad input: each case gets its status and JSON error, the connection closes where the
 //! framing is in doubt, and nothing ambiguous reaches a worker.
 
-mod common;
-use common::*;
+use spillway_testkit::*;
 use std::time::Duration;
 
 fn setup(extra: &str) -> (Upstream, ServerHandle) {

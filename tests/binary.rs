@@ -1,9 +1,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods)] // tests time what they observe
 //! The `spillway` binary: signals (SIGTERM drain, SIGHUP reload, SIGUSR1 dump, a second
 //! stop signal), check-config, and the Dynamo environment variables end to end.
 
-mod common;
-use common::*;
+use spillway_testkit::*;
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};

@@ -1,8 +1,7 @@
 //! `/busy_threshold`: get, partial set, unset, every error case, and a change that holds
 //! for the very next request on every core.
 
-mod common;
-use common::*;
+use spillway_testkit::*;
 
 fn setup() -> (Upstream, ServerHandle) {
     let up = echo_upstream("a");

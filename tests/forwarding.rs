@@ -1,8 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Forwarding: keep-alive on both sides, headers, bodies, framing, pipelining, /v1/models.
 
-mod common;
-use common::*;
+use spillway_testkit::*;
 use std::time::Duration;
 
 #[test]

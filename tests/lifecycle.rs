@@ -2,10 +2,9 @@
 //! Operations: reload under load (in process), the admin token, and the admin/data split.
 //! Signals and draining run the real binary: see tests/binary.rs.
 
-mod common;
-use common::*;
-use std::sync::Arc;
+use spillway_testkit::*;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 fn config(head: &str, models: &str) -> String {
@@ -16,31 +15,45 @@ fn worker(url: &str, name: &str) -> String {
     format!("[[models.workers]]\nurl = \"{url}\"\nname = \"{name}\"\n")
 }
 
-/// Keeps `clients` keep-alive connections busy; counts successes and failures.
+/// Keeps `clients` keep-alive connections busy; records every request it sends and each
+/// failure (a status other than 200, or a client that panicked, e.g. on a closed connection).
 struct Load {
     stop: Arc<AtomicBool>,
+    sent: Arc<AtomicUsize>,
     ok: Arc<AtomicUsize>,
-    failed: Arc<AtomicUsize>,
+    failures: Arc<Mutex<Vec<String>>>,
     threads: Vec<std::thread::JoinHandle<()>>,
+}
+
+/// What a [`Load`] saw, once stopped.
+struct LoadReport {
+    sent: usize,
+    ok: usize,
+    failures: Vec<String>,
 }
 
 impl Load {
     fn start(addr: std::net::SocketAddr, clients: usize) -> Load {
         let stop = Arc::new(AtomicBool::new(false));
+        let sent = Arc::new(AtomicUsize::new(0));
         let ok = Arc::new(AtomicUsize::new(0));
-        let failed = Arc::new(AtomicUsize::new(0));
+        let failures = Arc::new(Mutex::new(Vec::new()));
         let threads = (0..clients)
             .map(|_| {
-                let (stop, ok, failed) = (stop.clone(), ok.clone(), failed.clone());
+                let (stop, sent, ok, failures) =
+                    (stop.clone(), sent.clone(), ok.clone(), failures.clone());
                 std::thread::spawn(move || {
                     let mut c = Client::connect(addr);
                     while !stop.load(Ordering::SeqCst) {
+                        sent.fetch_add(1, Ordering::SeqCst);
                         let r = c.request(&chat("m"));
                         if r.status == 200 {
                             ok.fetch_add(1, Ordering::SeqCst);
                         } else {
-                            eprintln!("failed: {} {}", r.status, r.text());
-                            failed.fetch_add(1, Ordering::SeqCst);
+                            failures
+                                .lock()
+                                .unwrap()
+                                .push(format!("{} {}", r.status, r.text()));
                         }
                     }
                 })
@@ -48,21 +61,33 @@ impl Load {
             .collect();
         Load {
             stop,
+            sent,
             ok,
-            failed,
+            failures,
             threads,
         }
     }
 
-    fn finish(self) -> (usize, usize) {
+    fn finish(self) -> LoadReport {
         self.stop.store(true, Ordering::SeqCst);
+        let mut panics = Vec::new();
         for t in self.threads {
-            t.join().unwrap();
+            if let Err(e) = t.join() {
+                let why = e
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| e.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_default();
+                panics.push(format!("a load client panicked: {why}"));
+            }
         }
-        (
-            self.ok.load(Ordering::SeqCst),
-            self.failed.load(Ordering::SeqCst),
-        )
+        let mut failures = std::mem::take(&mut *self.failures.lock().unwrap());
+        failures.extend(panics);
+        LoadReport {
+            sent: self.sent.load(Ordering::SeqCst),
+            ok: self.ok.load(Ordering::SeqCst),
+            failures,
+        }
     }
 }
 
@@ -182,10 +207,22 @@ fn reload_under_load_applies_every_change_and_fails_nothing() {
     );
 
     std::thread::sleep(Duration::from_millis(200));
-    let (ok, failed) = load.finish();
+    let LoadReport { sent, ok, failures } = load.finish();
+    let failed = failures.len();
     assert_eq!(
-        failed, 0,
-        "{failed} requests failed across the reloads ({ok} succeeded)"
+        failed,
+        0,
+        "{failed} requests failed across the reloads ({ok} succeeded):\n{}",
+        failures.join("\n")
+    );
+    assert_eq!(
+        ok, sent,
+        "{ok} of {sent} load requests succeeded across the reloads"
+    );
+    // The waits above alone need more than 40: b and c each saw over 20.
+    assert!(
+        ok > 40,
+        "only {ok} load requests succeeded: too few to cover the reloads"
     );
     for s in streams {
         let r = s.join().unwrap();

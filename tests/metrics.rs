@@ -1,7 +1,6 @@
 //! `/metrics`: Dynamo's names and labels, summed over cores, valid for `promtool`.
 
-mod common;
-use common::*;
+use spillway_testkit::*;
 
 #[test]
 fn exposition_has_dynamo_series_and_passes_promtool() {

@@ -1,15 +1,15 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods)] // tests time what they observe
 //! The mock engine end to end: OpenAI shapes, SSE timing, queueing beyond the batch,
 //! vLLM metrics read by Spillway's scraper, aborts freeing KV blocks, and load pushed to
 //! a Spillway in front of it.
 
-mod common;
-use common::*;
+use spillway_testkit::*;
 use std::io::Read;
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use spillway::mock::{MockConfig, MockHandle};
+use spillway_mock::{MockConfig, MockHandle, start};
 
 fn mock(tune: impl FnOnce(&mut MockConfig)) -> MockHandle {
     let mut cfg = MockConfig {
@@ -20,7 +20,7 @@ fn mock(tune: impl FnOnce(&mut MockConfig)) -> MockHandle {
         ..MockConfig::default()
     };
     tune(&mut cfg);
-    spillway::mock::start(cfg).expect("mock engine starts")
+    start(cfg).expect("mock engine starts")
 }
 
 fn chat_body(extra: &str) -> String {
@@ -396,4 +396,110 @@ fn serves_through_spillway_and_pushes_load_to_it() {
                 && w["ranks"][0]["kv_used_blocks"] == 0
         })
     });
+}
+
+// Cross-checks of the mock's output against Spillway's own parsers (the mock crate does
+// not depend on Spillway, so they live here).
+
+/// The mock's `/metrics` text, label escaping included, is what Spillway's vLLM scrape reads.
+#[test]
+fn spillway_scrape_reads_the_mock_metrics() {
+    use spillway_mock::sim::{EngineConfig, Load};
+    let cfg = EngineConfig {
+        kv_blocks: 2048,
+        block_size: 16,
+        max_num_seqs: 64,
+        max_num_batched_tokens: 2048,
+        prefill_tokens_per_s: 20_000.0,
+        decode_step_base_ms: 8.0,
+        decode_step_per_seq_ms: 0.25,
+    };
+    let load = Load {
+        running: 5,
+        waiting: 3,
+        used_blocks: 517,
+        prefill_tokens: 100,
+        prompt_tokens_total: 1000,
+        generation_tokens_total: 200,
+        preemptions_total: 1,
+    };
+    let mut text = String::new();
+    spillway_mock::metrics::render(&mut text, "Qwen/\"odd\"", &cfg, &load);
+    assert!(
+        text.contains(
+            "vllm:num_requests_running{engine=\"0\",model_name=\"Qwen/\\\"odd\\\"\"} 5.0\n"
+        )
+    );
+    let worker = spillway::Config::parse(
+        "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
+        &spillway::Overrides::default(),
+    )
+    .unwrap()
+    .workers[0]
+        .clone();
+    assert_eq!(
+        spillway::monitor::scrape::parse(spillway::config::MetricsFormat::Vllm, &text, &worker),
+        [spillway::monitor::scrape::ScrapedRank {
+            kv_used_blocks: Some(517),
+            kv_total_blocks: Some(2048),
+            running: Some(5),
+            waiting: Some(3),
+        }]
+    );
+}
+
+/// A pushed load event, worker name escaping included, is what Spillway's `/load` accepts.
+#[test]
+fn spillway_accepts_the_mock_load_event() {
+    use spillway_mock::sim::{EngineConfig, Load};
+    let cfg = EngineConfig {
+        kv_blocks: 100,
+        block_size: 16,
+        max_num_seqs: 8,
+        max_num_batched_tokens: 512,
+        prefill_tokens_per_s: 1.0,
+        decode_step_base_ms: 1.0,
+        decode_step_per_seq_ms: 0.0,
+    };
+    let load = Load {
+        used_blocks: 7,
+        prefill_tokens: 300,
+        ..Load::default()
+    };
+    let mut out = String::new();
+    spillway_mock::push::event(&mut out, "w\"1", &cfg, &load);
+    let mut events = spillway::monitor::load::parse_events(out.as_bytes()).unwrap();
+    assert_eq!(events.len(), 1, "one event");
+    let e = events.remove(0);
+    assert_eq!(e.worker_id.name(), "w\"1");
+    assert_eq!(e.dp_rank, 0);
+    assert_eq!(e.active_decode_blocks, Some(7));
+    assert_eq!(e.kv_used_blocks, Some(7));
+    assert_eq!(e.active_prefill_tokens, Some(300));
+    assert_eq!(e.kv_total_blocks, Some(100));
+    assert_eq!(e.max_num_batched_tokens, Some(512));
+}
+
+/// The mock's prompt estimate is Spillway's tracked-load estimate: bytes of the raw
+/// `messages`, `prompt` and `input` values / 4, at least 1.
+#[test]
+fn prompt_estimate_matches_spillways_body_scanner() {
+    use spillway_mock::openai::{Api, parse};
+    let bodies = [
+        r#"{"model":"m","messages":[{"role":"user","content":"tell me about load shedding"}]}"#,
+        r#"{ "messages" : [ {"role":"user", "content":"spaced \"out\" \\ text"} ] , "model":"m" }"#,
+        r#"{"prompt":"0123456789abcdef","max_tokens":3}"#,
+        r#"{"prompt":["a","b"],"input":"cdefgh","stream":false}"#,
+        r#"{"pr\u006fmpt":"escaped key","messages":"caf\u00e9 \ud83d\ude00"}"#,
+        r#"{"messages":[],"messages":[1,2,3]}"#,
+        r#"{"prompt":{"nested":{"model":"not the model"}},"model":"m"}"#,
+        r#"{"max_tokens":1}"#,
+        r#"{}"#,
+    ];
+    for body in bodies {
+        let peeked = spillway::route::peek::peek(body.as_bytes()).unwrap();
+        let want = u32::try_from((peeked.prompt_bytes / 4).max(1)).unwrap();
+        let got = parse(Api::Chat, body.as_bytes(), "m", 16).unwrap();
+        assert_eq!(got.prompt_tokens, want, "{body}");
+    }
 }

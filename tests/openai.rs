@@ -3,11 +3,16 @@
 //! the client's documented error. The checks live in tests/openai_client.py.
 //!
 //! Python comes from `SPILLWAY_PYTHON` (a venv with `openai`; .ci/run makes one) or
-//! `python3`. Without the package the test is skipped, unless `SPILLWAY_REQUIRE_OPENAI` is
-//! set (as in CI), where it fails.
+//! `python3`. Without the package the test is skipped, unless `CI` is set, where it fails.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::process::Command;
+
+use spillway_mock::MockConfig;
+use spillway_testkit::tools::skip_missing_tool;
+use spillway_testkit::{model, proxy, worker_name};
+
+const MODEL: &str = "Qwen/Qwen3-0.6B";
 
 #[test]
 fn official_openai_client_works_through_spillway() {
@@ -17,22 +22,35 @@ fn official_openai_client_works_through_spillway() {
         .output()
         .is_ok_and(|o| o.status.success());
     if !has_client {
-        assert!(
-            std::env::var_os("SPILLWAY_REQUIRE_OPENAI").is_none(),
-            "the openai package is required but `{python} -c 'import openai'` fails"
+        skip_missing_tool(
+            "the openai Python package",
+            format_args!("`{python} -c 'import openai'` fails"),
         );
-        eprintln!("skipping: no `openai` package for {python}");
         return;
     }
-    let demo = spillway::demo::start("127.0.0.1:0", "127.0.0.1:0", spillway::Overrides::default())
-        .unwrap();
+    // Two mock engines behind Spillway, shaped as the demo runs them.
+    let engines: Vec<_> = (0..2)
+        .map(|seed| {
+            spillway_mock::start(MockConfig {
+                listen: "127.0.0.1:0".parse().unwrap(),
+                model: MODEL.to_string(),
+                seed,
+                ..MockConfig::default()
+            })
+            .unwrap()
+        })
+        .collect();
+    let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
+    let extra = "router_mode = \"power-of-two\"\nactive_decode_blocks_threshold = 0.85";
+    let p = proxy(1, &model(MODEL, extra, &urls));
+    let workers: Vec<String> = urls.iter().map(|u| worker_name(u)).collect();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_client.py");
     let out = Command::new(&python)
         .arg(script)
-        .env("BASE_URL", format!("http://{}/v1", demo.server.data_addr))
-        .env("ADMIN_URL", format!("http://{}", demo.server.admin_addr))
-        .env("MODEL", spillway::demo::MODEL)
-        .env("WORKERS", "engine-0,engine-1")
+        .env("BASE_URL", format!("http://{}/v1", p.data_addr))
+        .env("ADMIN_URL", format!("http://{}", p.admin_addr))
+        .env("MODEL", MODEL)
+        .env("WORKERS", workers.join(","))
         .output()
         .unwrap();
     assert!(

@@ -1,8 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 //! Router modes, direct pinning, and failover past unreachable workers down to 503.
 
-mod common;
-use common::*;
+use spillway_testkit::*;
 use std::time::Duration;
 
 fn dead_url() -> String {

@@ -1,8 +1,8 @@
 //! Load shedding: pushed, scraped and tracked load make workers busy; busy workers leave
 //! rotation on every core; all busy → overload status; nothing routable → 503.
+#![allow(clippy::disallowed_methods)] // tests time what they observe
 
-mod common;
-use common::*;
+use spillway_testkit::*;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -1,9 +1,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods)] // tests time what they observe
 //! Streaming and cancellation: SSE events pass through one by one with their timing, and a
 //! client that leaves makes the proxy close the upstream connection promptly.
 
-mod common;
-use common::*;
+use spillway_testkit::*;
 use std::time::{Duration, Instant};
 
 const GAP: Duration = Duration::from_millis(150);

@@ -32,7 +32,7 @@ MAX_TOKENS=${MAX_TOKENS:-64}
 CAP_DURATION=${CAP_DURATION:-20}         # capacity measurement: closed loop
 CAP_WARMUP=${CAP_WARMUP:-8}
 MAX_SECONDS=${MAX_SECONDS:-585}
-# The mock engine: its defaults, spelled out (a small GPU; see src/mock/mod.rs).
+# The mock engine: its defaults, spelled out (a small GPU; see mock/src/lib.rs).
 KV_BLOCKS=2048; BLOCK_SIZE=16; MAX_NUM_SEQS=64; MAX_NUM_BATCHED_TOKENS=2048
 PREFILL_TPS=20000; STEP_MS=8; STEP_PER_SEQ_MS=0.25
 MODEL=mock-model

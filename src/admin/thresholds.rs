@@ -4,7 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Reply, Request};
+use super::{AdminError, Reply, Request};
 use crate::monitor::Control;
 use crate::shed::Thresholds;
 
@@ -46,22 +46,22 @@ impl<'a> Entry<'a> {
 }
 
 /// Syntax errors are 400, well-formed JSON of the wrong shape or types 422 (as axum does).
-fn parse<'de, T: Deserialize<'de>>(req: &Request<'de>) -> Result<T, Reply> {
+fn parse<'de, T: Deserialize<'de>>(req: &Request<'de>) -> Result<T, AdminError> {
     req.require_json()?;
     serde_json::from_slice(req.body).map_err(|e| {
-        let status = if e.is_data() { 422 } else { 400 };
-        Reply::error(
-            status,
-            format!("Failed to parse the request body as JSON: {e}"),
-        )
+        let msg = format!("Failed to parse the request body as JSON: {e}");
+        if e.is_data() {
+            AdminError::WrongShape(msg)
+        } else {
+            AdminError::BadJson(msg)
+        }
     })
 }
 
-fn not_found(model: &str) -> Reply {
-    Reply::error(
-        404,
-        format!("Model '{model}' not found. Thresholds can only be set for discovered models."),
-    )
+fn not_found(model: &str) -> AdminError {
+    AdminError::NotFound(format!(
+        "Model '{model}' not found. Thresholds can only be set for discovered models."
+    ))
 }
 
 pub fn list(control: &Control) -> Reply {
@@ -93,19 +93,14 @@ pub fn list(control: &Control) -> Reply {
     )
 }
 
-pub fn post(control: &mut Control, req: &Request<'_>) -> Reply {
-    let body: Body = match parse(req) {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
+pub fn post(control: &mut Control, req: &Request<'_>) -> Result<Reply, AdminError> {
+    let body: Body = parse(req)?;
     let update = Thresholds {
         active_decode_blocks_threshold: body.active_decode_blocks_threshold,
         active_prefill_tokens_threshold: body.active_prefill_tokens_threshold,
         active_prefill_tokens_threshold_frac: body.active_prefill_tokens_threshold_frac,
     };
-    if let Err(msg) = update.validate() {
-        return Reply::error(400, msg);
-    }
+    update.validate().map_err(AdminError::Invalid)?;
     let known = control
         .shared
         .snapshot
@@ -120,10 +115,10 @@ pub fn post(control: &mut Control, req: &Request<'_>) -> Reply {
         .unwrap_or_default();
     if !update.any() {
         // A get: unknown models read as all-unset, as in Dynamo.
-        return Reply::json(200, &Entry::new(&body.model, current));
+        return Ok(Reply::json(200, &Entry::new(&body.model, current)));
     }
     if !known {
-        return not_found(&body.model);
+        return Err(not_found(&body.model));
     }
     let merged = current.merged(&update);
     control
@@ -132,15 +127,12 @@ pub fn post(control: &mut Control, req: &Request<'_>) -> Reply {
         .insert(body.model.clone(), merged);
     control.republish();
     tracing::info!(model = %body.model, thresholds = ?merged, "busy thresholds set");
-    Reply::json(200, &Entry::new(&body.model, merged))
+    Ok(Reply::json(200, &Entry::new(&body.model, merged)))
 }
 
 /// `DELETE /busy_threshold {"model": ..}`: unsets all three (beyond Dynamo).
-pub fn delete(control: &mut Control, req: &Request<'_>) -> Reply {
-    let body: ModelOnly = match parse(req) {
-        Ok(b) => b,
-        Err(r) => return r,
-    };
+pub fn delete(control: &mut Control, req: &Request<'_>) -> Result<Reply, AdminError> {
+    let body: ModelOnly = parse(req)?;
     if control
         .shared
         .snapshot
@@ -148,7 +140,7 @@ pub fn delete(control: &mut Control, req: &Request<'_>) -> Reply {
         .model(body.model.as_bytes())
         .is_none()
     {
-        return not_found(&body.model);
+        return Err(not_found(&body.model));
     }
     control
         .monitor
@@ -156,5 +148,8 @@ pub fn delete(control: &mut Control, req: &Request<'_>) -> Reply {
         .insert(body.model.clone(), Thresholds::default());
     control.republish();
     tracing::info!(model = %body.model, "busy thresholds unset");
-    Reply::json(200, &Entry::new(&body.model, Thresholds::default()))
+    Ok(Reply::json(
+        200,
+        &Entry::new(&body.model, Thresholds::default()),
+    ))
 }

@@ -35,6 +35,7 @@ pub struct FileLimits {
     pub max_header_bytes: Option<Spanned<usize>>,
     pub max_body_bytes: Option<Spanned<usize>>,
     pub header_read_timeout_ms: Option<Spanned<u64>>,
+    pub body_read_timeout_ms: Option<Spanned<u64>>,
     pub idle_timeout_ms: Option<Spanned<u64>>,
     pub connect_timeout_ms: Option<Spanned<u64>>,
     pub upstream_first_byte_timeout_ms: Option<Spanned<u64>>,

@@ -2,6 +2,16 @@
 
 use super::write::finish_head;
 
+/// The messages of Spillway's own answers that the spec fixes (semantics §4).
+pub mod messages {
+    pub const OVERLOADED: &str = "Service temporarily overloaded";
+    pub const DIRECT_BUSY: &str = "Selected worker is overloaded, please retry later";
+    pub const UNAVAILABLE: &str = "Service temporarily unavailable";
+    pub const MODEL_NOT_FOUND: &str = "Model not found";
+    pub const NOT_FOUND: &str = "Not found";
+    pub const TOO_MANY_CONNECTIONS: &str = "Too many connections";
+}
+
 /// A complete response minus the per-request part: the head without its blank line
 /// (so `x-request-id` and `connection` can follow) and the body.
 #[derive(Debug, Clone, PartialEq, Eq)]

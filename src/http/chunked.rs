@@ -5,7 +5,7 @@
 //! tracks where a passed-through response body ends.
 
 use super::HttpError;
-use super::limits::MAX_CHUNK_LINE;
+use super::limits::{MAX_CHUNK_LINE, MAX_TRAILER_BYTES};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 enum State {
@@ -34,9 +34,6 @@ pub struct ChunkedParser {
     state: State,
     trailer_bytes: usize,
 }
-
-/// Trailer fields are read and dropped; this bounds them.
-const MAX_TRAILER_BYTES: usize = 16 * 1024;
 
 impl ChunkedParser {
     pub fn new() -> Self {

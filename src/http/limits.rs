@@ -7,8 +7,21 @@ pub const MAX_HEADERS: usize = 96;
 /// Longest `x-request-id` we echo; a longer or non-printable one is replaced by a fresh id.
 pub const MAX_REQUEST_ID_LEN: usize = 128;
 
+/// Longest `x-worker-id` (direct routing) kept while a request is forwarded.
+pub const MAX_WORKER_ID_LEN: usize = 128;
+
+/// Most options (field names other than `close` and `keep-alive`) accepted in the
+/// `Connection` fields of one head; more is refused as malformed.
+pub const MAX_CONNECTION_OPTIONS: usize = 16;
+
 /// Longest chunk-size line (hex digits plus extensions) accepted in a chunked body.
 pub const MAX_CHUNK_LINE: usize = 1024;
+
+/// Trailer fields of a chunked body are read and dropped; this bounds them.
+pub const MAX_TRAILER_BYTES: usize = 16 * 1024;
+
+/// Deepest JSON nesting the body scanner accepts (serde_json's own bound).
+pub const MAX_JSON_DEPTH: u32 = 128;
 
 /// Read buffer a connection starts with; grows only for large heads or bodies.
 pub const INITIAL_READ_BUF: usize = 16 * 1024;
@@ -20,11 +33,38 @@ pub const RETAINED_BUF_MAX: usize = 256 * 1024;
 /// Upstream read size while streaming a response body.
 pub const RESPONSE_READ_BUF: usize = 16 * 1024;
 
+/// Least free space offered to a client read; the buffer grows by this much when short.
+pub const CLIENT_READ_MIN_SPARE: usize = 4096;
+
+/// Least free space offered to an upstream read before the buffer grows by
+/// [`RESPONSE_READ_BUF`].
+pub const RESPONSE_READ_MIN_SPARE: usize = 1024;
+
+/// A pooled upstream connection idle at least this long is checked with a non-blocking
+/// peek before reuse (closed, or unsolicited bytes: discarded).
+pub const POOL_PEEK_AFTER_IDLE_MS: u64 = 200;
+
+/// Admin listener: largest request head and body (a `/load` batch for 1,000 workers × 8
+/// ranks fits), and how long a client may take to send a whole request.
+pub const MAX_ADMIN_HEAD: usize = 16 * 1024;
+pub const MAX_ADMIN_BODY: usize = 8 * 1024 * 1024;
+
+/// Engine `/metrics` scrapes: largest head and body accepted, first read buffer, and the
+/// bounds of a scrape's timeout (the scrape interval, clamped).
+pub const MAX_METRICS_HEAD: usize = 64 * 1024;
+pub const MAX_METRICS_BODY: usize = 8 * 1024 * 1024;
+pub const METRICS_READ_BUF: usize = 16 * 1024;
+pub const SCRAPE_TIMEOUT_MIN_MS: u64 = 100;
+pub const SCRAPE_TIMEOUT_MAX_MS: u64 = 5_000;
+
 /// Defaults of the `[limits]` table.
 pub mod defaults {
     pub const MAX_HEADER_BYTES: usize = 16 * 1024;
     pub const MAX_BODY_BYTES: usize = 45 * 1024 * 1024;
     pub const HEADER_READ_TIMEOUT_MS: u64 = 10_000;
+    /// Longest wait for the next bytes of a request body (like nginx's
+    /// `client_body_timeout`, between reads, so a large upload on a slow link is fine).
+    pub const BODY_READ_TIMEOUT_MS: u64 = 10_000;
     pub const IDLE_TIMEOUT_MS: u64 = 60_000;
     pub const CONNECT_TIMEOUT_MS: u64 = 2_000;
     pub const UPSTREAM_FIRST_BYTE_TIMEOUT_MS: u64 = 600_000;
@@ -43,6 +83,7 @@ pub struct Limits {
     pub max_header_bytes: usize,
     pub max_body_bytes: usize,
     pub header_read_timeout_ms: u64,
+    pub body_read_timeout_ms: u64,
     pub idle_timeout_ms: u64,
     pub connect_timeout_ms: u64,
     pub upstream_first_byte_timeout_ms: u64,
@@ -60,6 +101,7 @@ impl Default for Limits {
             max_header_bytes: MAX_HEADER_BYTES,
             max_body_bytes: MAX_BODY_BYTES,
             header_read_timeout_ms: HEADER_READ_TIMEOUT_MS,
+            body_read_timeout_ms: BODY_READ_TIMEOUT_MS,
             idle_timeout_ms: IDLE_TIMEOUT_MS,
             connect_timeout_ms: CONNECT_TIMEOUT_MS,
             upstream_first_byte_timeout_ms: UPSTREAM_FIRST_BYTE_TIMEOUT_MS,

@@ -11,6 +11,7 @@ pub mod sse;
 pub mod write;
 
 pub use limits::Limits;
+use limits::MAX_CONNECTION_OPTIONS;
 
 /// A byte range `[start, end)` of the buffer a head was parsed from.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -151,6 +152,8 @@ pub enum HttpError {
     MissingHost,
     #[error("timed out reading the request head")]
     HeaderTimeout,
+    #[error("timed out reading the request body")]
+    BodyTimeout,
 }
 
 impl HttpError {
@@ -160,7 +163,7 @@ impl HttpError {
             HttpError::BodyTooLarge => 413,
             HttpError::UnsupportedTransferCoding => 501,
             HttpError::Version => 505,
-            HttpError::HeaderTimeout => 408,
+            HttpError::HeaderTimeout | HttpError::BodyTimeout => 408,
             _ => 400,
         }
     }
@@ -194,10 +197,6 @@ pub(crate) fn is_hop_by_hop(name: &[u8]) -> bool {
     HOP.iter().any(|h| name_is(name, h))
         || (name.len() > 6 && name[..6].eq_ignore_ascii_case(b"proxy-"))
 }
-
-/// Most options (field names other than `close` and `keep-alive`) accepted in the
-/// `Connection` fields of one head; more is refused as malformed.
-pub const MAX_CONNECTION_OPTIONS: usize = 16;
 
 /// The field names a head's `Connection` fields list, collected while its fields are
 /// parsed, so marking them is one pass over the fields (not fields × fields).

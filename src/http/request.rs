@@ -82,25 +82,21 @@ pub fn parse_request(
     let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
     let mut req = httparse::Request::new(&mut fields);
     let head_len = match req.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => {
-            return if buf.len() >= max_header_bytes {
-                Err(HttpError::HeaderTooLarge)
-            } else {
-                Ok(false)
-            };
+        Ok(httparse::Status::Complete(n)) if n > max_header_bytes => {
+            return Err(HttpError::HeaderTooLarge);
         }
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) if buf.len() >= max_header_bytes => {
+            return Err(HttpError::HeaderTooLarge);
+        }
+        Ok(httparse::Status::Partial) => return Ok(false),
         Err(httparse::Error::TooManyHeaders) => return Err(HttpError::HeaderTooLarge),
         Err(httparse::Error::Version) => return Err(HttpError::Version),
         Err(e) => return Err(classify(buf, e)),
     };
-    if head_len > max_header_bytes {
-        return Err(HttpError::HeaderTooLarge);
-    }
     let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
         return Err(HttpError::Malformed("incomplete request line"));
     };
-
     *out = RequestHead::default();
     out.head_len = head_len;
     out.minor_version = version;
@@ -109,91 +105,128 @@ pub fn parse_request(
     out.method_span = Span::of(buf, method.as_bytes());
     out.target = origin_form(buf, target.as_bytes())?;
 
-    let mut content_length: Option<u64> = None;
-    let mut options = ConnectionOptions::default();
-    let mut chunked = false;
-    let mut hosts = 0u32;
+    let mut scan = FieldScan::default();
     for (i, h) in req.headers.iter().enumerate() {
-        let name = h.name.as_bytes();
-        let value = h.value;
-        out.headers.fields[i] = HeaderSpan {
+        scan.field(buf, i, h.name.as_bytes(), h.value, out)?;
+    }
+    out.headers.len = req.headers.len();
+    scan.options.mark(buf, &mut out.headers);
+    out.body = scan.framing(version, max_body_bytes)?;
+    if out.body == BodyFraming::None {
+        out.expect_continue = false;
+    }
+    Ok(true)
+}
+
+/// What the fields of one request head say about its framing, collected field by field.
+#[derive(Default)]
+struct FieldScan<'a> {
+    content_length: Option<u64>,
+    options: ConnectionOptions<'a>,
+    chunked: bool,
+    hosts: u32,
+}
+
+impl<'a> FieldScan<'a> {
+    /// Records field `i` in `out` (its spans, skip bit, the facts it carries).
+    fn field(
+        &mut self,
+        buf: &[u8],
+        i: usize,
+        name: &[u8],
+        value: &'a [u8],
+        out: &mut RequestHead,
+    ) -> Result<(), HttpError> {
+        let span = HeaderSpan {
             name: Span::of(buf, name),
             value: Span::of(buf, value),
         };
+        out.headers.fields[i] = span;
         let bit = 1u128 << i;
         if is_hop_by_hop(name) {
             out.headers.skip |= bit;
         }
+        let http10 = out.minor_version == 0;
         if name_is(name, "content-length") {
-            content_length = Some(parse_content_length(value, content_length)?);
+            self.content_length = Some(parse_content_length(value, self.content_length)?);
             out.headers.skip |= bit;
         } else if name_is(name, "transfer-encoding") {
-            if version == 0 {
-                return Err(HttpError::Malformed(
-                    "Transfer-Encoding in an HTTP/1.0 request",
-                ));
-            }
-            for coding in list_tokens(value) {
-                if !coding.eq_ignore_ascii_case(b"chunked") {
-                    return Err(HttpError::UnsupportedTransferCoding);
-                }
-                if chunked {
-                    return Err(HttpError::InvalidChunk("chunked applied twice"));
-                }
-                chunked = true;
-            }
+            self.transfer_encoding(value, http10)?;
         } else if name_is(name, "connection") {
-            options.add(value)?;
-            for token in list_tokens(value) {
-                if token.eq_ignore_ascii_case(b"close") {
-                    out.keep_alive = false;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") && version == 0 {
-                    out.keep_alive = true;
-                }
-            }
+            self.options.add(value)?;
+            out.keep_alive = keep_alive_after(out.keep_alive, value, http10);
         } else if name_is(name, "host") {
-            hosts += 1;
+            self.hosts += 1;
         } else if name_is(name, "expect") {
             out.headers.skip |= bit;
-            if version == 1 && value.trim_ascii().eq_ignore_ascii_case(b"100-continue") {
-                out.expect_continue = true;
-            }
+            out.expect_continue |=
+                !http10 && value.trim_ascii().eq_ignore_ascii_case(b"100-continue");
         } else if name_is(name, "content-type") {
-            out.content_type = Some(out.headers.fields[i].value);
+            out.content_type = Some(span.value);
         } else if name_is(name, "x-request-id") {
             out.headers.skip |= bit;
             if is_echoable_id(value) {
-                out.request_id = Some(out.headers.fields[i].value);
+                out.request_id = Some(span.value);
             }
         } else if name_is(name, "x-forwarded-for") {
             out.headers.skip |= bit;
             out.forwarded_for |= bit;
         } else if name_is(name, "x-worker-id") {
-            out.worker_id = Some(out.headers.fields[i].value);
+            out.worker_id = Some(span.value);
         } else if name_is(name, "authorization") {
-            out.authorization = Some(out.headers.fields[i].value);
+            out.authorization = Some(span.value);
+        }
+        Ok(())
+    }
+
+    fn transfer_encoding(&mut self, value: &[u8], http10: bool) -> Result<(), HttpError> {
+        if http10 {
+            return Err(HttpError::Malformed(
+                "Transfer-Encoding in an HTTP/1.0 request",
+            ));
+        }
+        for coding in list_tokens(value) {
+            if !coding.eq_ignore_ascii_case(b"chunked") {
+                return Err(HttpError::UnsupportedTransferCoding);
+            }
+            if self.chunked {
+                return Err(HttpError::InvalidChunk("chunked applied twice"));
+            }
+            self.chunked = true;
+        }
+        Ok(())
+    }
+
+    /// The body's framing once every field is seen; refuses what is ambiguous.
+    fn framing(&self, version: u8, max_body_bytes: u64) -> Result<BodyFraming, HttpError> {
+        if self.hosts > 1 {
+            return Err(HttpError::Malformed("more than one Host header"));
+        }
+        if self.hosts == 0 && version == 1 {
+            return Err(HttpError::MissingHost);
+        }
+        match (self.content_length, self.chunked) {
+            (Some(_), true) => Err(HttpError::LengthAndChunked),
+            (Some(n), false) if n > max_body_bytes => Err(HttpError::BodyTooLarge),
+            (Some(0), false) | (None, false) => Ok(BodyFraming::None),
+            (Some(n), false) => Ok(BodyFraming::Length(n)),
+            (None, true) => Ok(BodyFraming::Chunked),
         }
     }
-    out.headers.len = req.headers.len();
-    options.mark(buf, &mut out.headers);
+}
 
-    if hosts > 1 {
-        return Err(HttpError::Malformed("more than one Host header"));
-    }
-    if hosts == 0 && version == 1 {
-        return Err(HttpError::MissingHost);
-    }
-    out.body = match (content_length, chunked) {
-        (Some(_), true) => return Err(HttpError::LengthAndChunked),
-        (Some(n), false) if n > max_body_bytes => return Err(HttpError::BodyTooLarge),
-        (Some(0), false) | (None, false) => BodyFraming::None,
-        (Some(n), false) => BodyFraming::Length(n),
-        (None, true) => BodyFraming::Chunked,
-    };
-    if out.body == BodyFraming::None {
-        out.expect_continue = false;
-    }
-    Ok(true)
+/// Keep-alive after one `Connection` value: `close` ends it; `keep-alive` opts an
+/// HTTP/1.0 message in.
+pub(crate) fn keep_alive_after(keep: bool, value: &[u8], http10: bool) -> bool {
+    list_tokens(value).fold(keep, |keep, token| {
+        if token.eq_ignore_ascii_case(b"close") {
+            false
+        } else if token.eq_ignore_ascii_case(b"keep-alive") && http10 {
+            true
+        } else {
+            keep
+        }
+    })
 }
 
 fn classify(buf: &[u8], e: httparse::Error) -> HttpError {
@@ -241,6 +274,7 @@ fn is_echoable_id(v: &[u8]) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use BodyFraming::{Chunked, Length};
 
     const MAX_BODY: u64 = 1024;
 
@@ -257,109 +291,116 @@ mod tests {
             .collect()
     }
 
-    /// Wire table: raw request → expected outcome.
+    type Want = Result<Option<(BodyFraming, bool)>, HttpError>;
+
+    /// Wire table: raw request → framing and keep-alive, or the refusal.
+    const WIRE: &[(&str, Want)] = &[
+        (
+            "GET / HTTP/1.1\r\nHost: a\r\n\r\n",
+            Ok(Some((BodyFraming::None, true))),
+        ),
+        ("GET / HTTP/1.1\r\nHost: a\r\n", Ok(Option::None)),
+        (
+            "GET / HTTP/1.0\r\n\r\n",
+            Ok(Some((BodyFraming::None, false))),
+        ),
+        (
+            "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
+            Ok(Some((BodyFraming::None, true))),
+        ),
+        (
+            "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
+            Ok(Some((BodyFraming::None, false))),
+        ),
+        (
+            "POST /v1/x HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n",
+            Ok(Some((Length(5), true))),
+        ),
+        (
+            "POST /v1/x HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n",
+            Ok(Some((BodyFraming::None, true))),
+        ),
+        (
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
+            Ok(Some((Length(5), true))),
+        ),
+        (
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
+            Ok(Some((Chunked, true))),
+        ),
+        (
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: Chunked\r\n\r\n",
+            Ok(Some((Chunked, true))),
+        ),
+        (
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
+            Err(HttpError::ConflictingLength),
+        ),
+        (
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
+            Err(HttpError::LengthAndChunked),
+        ),
+        (
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
+            Err(HttpError::UnsupportedTransferCoding),
+        ),
+        (
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, chunked\r\n\r\n",
+            Err(HttpError::InvalidChunk("chunked applied twice")),
+        ),
+        (
+            "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+            Err(HttpError::Malformed(
+                "Transfer-Encoding in an HTTP/1.0 request",
+            )),
+        ),
+        (
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2048\r\n\r\n",
+            Err(HttpError::BodyTooLarge),
+        ),
+        (
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: abc\r\n\r\n",
+            Err(HttpError::InvalidLength),
+        ),
+        (
+            "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n",
+            Err(HttpError::InvalidLength),
+        ),
+        (
+            "GET / HTTP/1.1\r\nHost: a\r\nX-A: b\r\n c\r\n\r\n",
+            Err(HttpError::ObsFold),
+        ),
+        ("GET / HTTP/1.1\r\n\r\n", Err(HttpError::MissingHost)),
+        (
+            "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+            Err(HttpError::Malformed("more than one Host header")),
+        ),
+        ("GET / HTTP/2.0\r\nHost: a\r\n\r\n", Err(HttpError::Version)),
+        (
+            "GET  HTTP/1.1\r\nHost: a\r\n\r\n",
+            Err(HttpError::Malformed("invalid request line")),
+        ),
+        (
+            "G@T / HTTP/1.1\r\nHost: a\r\n\r\n",
+            Err(HttpError::Malformed("invalid request line")),
+        ),
+        (
+            "GET / HTTP/1.1\r\nHo st: a\r\n\r\n",
+            Err(HttpError::Malformed("invalid header name")),
+        ),
+        (
+            "GET / HTTP/1.1\r\nHost: a\r\nX: a\0b\r\n\r\n",
+            Err(HttpError::Malformed("invalid header value")),
+        ),
+        (
+            "GET foo HTTP/1.1\r\nHost: a\r\n\r\n",
+            Err(HttpError::Malformed("request target must be a path")),
+        ),
+    ];
+
     #[test]
     fn wire_table() {
-        use BodyFraming::*;
-        type Want = Result<Option<(BodyFraming, bool)>, HttpError>;
-        let cases: &[(&str, Want)] = &[
-            ("GET / HTTP/1.1\r\nHost: a\r\n\r\n", Ok(Some((None, true)))),
-            ("GET / HTTP/1.1\r\nHost: a\r\n", Ok(Option::None)),
-            ("GET / HTTP/1.0\r\n\r\n", Ok(Some((None, false)))),
-            (
-                "GET / HTTP/1.0\r\nConnection: keep-alive\r\n\r\n",
-                Ok(Some((None, true))),
-            ),
-            (
-                "GET / HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n",
-                Ok(Some((None, false))),
-            ),
-            (
-                "POST /v1/x HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\n\r\n",
-                Ok(Some((Length(5), true))),
-            ),
-            (
-                "POST /v1/x HTTP/1.1\r\nHost: a\r\nContent-Length: 0\r\n\r\n",
-                Ok(Some((None, true))),
-            ),
-            (
-                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 5\r\n\r\n",
-                Ok(Some((Length(5), true))),
-            ),
-            (
-                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n",
-                Ok(Some((Chunked, true))),
-            ),
-            (
-                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: Chunked\r\n\r\n",
-                Ok(Some((Chunked, true))),
-            ),
-            (
-                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\n",
-                Err(HttpError::ConflictingLength),
-            ),
-            (
-                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n",
-                Err(HttpError::LengthAndChunked),
-            ),
-            (
-                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, chunked\r\n\r\n",
-                Err(HttpError::UnsupportedTransferCoding),
-            ),
-            (
-                "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, chunked\r\n\r\n",
-                Err(HttpError::InvalidChunk("chunked applied twice")),
-            ),
-            (
-                "POST / HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
-                Err(HttpError::Malformed(
-                    "Transfer-Encoding in an HTTP/1.0 request",
-                )),
-            ),
-            (
-                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: 2048\r\n\r\n",
-                Err(HttpError::BodyTooLarge),
-            ),
-            (
-                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: abc\r\n\r\n",
-                Err(HttpError::InvalidLength),
-            ),
-            (
-                "POST / HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n",
-                Err(HttpError::InvalidLength),
-            ),
-            (
-                "GET / HTTP/1.1\r\nHost: a\r\nX-A: b\r\n c\r\n\r\n",
-                Err(HttpError::ObsFold),
-            ),
-            ("GET / HTTP/1.1\r\n\r\n", Err(HttpError::MissingHost)),
-            (
-                "GET / HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
-                Err(HttpError::Malformed("more than one Host header")),
-            ),
-            ("GET / HTTP/2.0\r\nHost: a\r\n\r\n", Err(HttpError::Version)),
-            (
-                "GET  HTTP/1.1\r\nHost: a\r\n\r\n",
-                Err(HttpError::Malformed("invalid request line")),
-            ),
-            (
-                "G@T / HTTP/1.1\r\nHost: a\r\n\r\n",
-                Err(HttpError::Malformed("invalid request line")),
-            ),
-            (
-                "GET / HTTP/1.1\r\nHo st: a\r\n\r\n",
-                Err(HttpError::Malformed("invalid header name")),
-            ),
-            (
-                "GET / HTTP/1.1\r\nHost: a\r\nX: a\0b\r\n\r\n",
-                Err(HttpError::Malformed("invalid header value")),
-            ),
-            (
-                "GET foo HTTP/1.1\r\nHost: a\r\n\r\n",
-                Err(HttpError::Malformed("request target must be a path")),
-            ),
-        ];
-        for (raw, want) in cases {
+        for (raw, want) in WIRE {
             let got = parse(raw).map(|o| o.map(|h| (h.body, h.keep_alive)));
             assert_eq!(&got, want, "{raw:?}");
         }

@@ -1,6 +1,7 @@
 //! Upstream response heads: status, framing (RFC 9112 §6.3) and the forwarding mask.
 
 use super::limits::MAX_HEADERS;
+use super::request::keep_alive_after;
 use super::{
     BodyFraming, ConnectionOptions, HeaderList, HeaderSpan, HttpError, Span, is_hop_by_hop,
     list_tokens, name_is, parse_content_length,
@@ -64,16 +65,43 @@ pub fn parse_response(
         reusable: version == 1,
         ..ResponseHead::default()
     };
-
-    let mut content_length: Option<u64> = None;
-    let mut options = ConnectionOptions::default();
-    let mut length_error = None;
-    let mut chunked_last = None;
+    let mut scan = FieldScan::default();
     for (i, h) in resp.headers.iter().enumerate() {
-        let name = h.name.as_bytes();
+        scan.field(buf, i, h.name.as_bytes(), h.value, out)?;
+    }
+    out.headers.len = resp.headers.len();
+    scan.options.mark(buf, &mut out.headers);
+    let no_body = request_was_head || code < 200 || code == 204 || code == 304;
+    out.body = if no_body {
+        Some(BodyFraming::None)
+    } else {
+        scan.framing(&mut out.reusable)?
+    };
+    Ok(true)
+}
+
+/// What the fields of one response head say about its framing.
+#[derive(Default)]
+struct FieldScan<'a> {
+    content_length: Option<u64>,
+    length_error: Option<HttpError>,
+    /// Whether the last transfer coding named is `chunked` (`None`: no Transfer-Encoding).
+    chunked_last: Option<bool>,
+    options: ConnectionOptions<'a>,
+}
+
+impl<'a> FieldScan<'a> {
+    fn field(
+        &mut self,
+        buf: &[u8],
+        i: usize,
+        name: &[u8],
+        value: &'a [u8],
+        out: &mut ResponseHead,
+    ) -> Result<(), HttpError> {
         out.headers.fields[i] = HeaderSpan {
             name: Span::of(buf, name),
-            value: Span::of(buf, h.value),
+            value: Span::of(buf, value),
         };
         let bit = 1u128 << i;
         if is_hop_by_hop(name) {
@@ -81,65 +109,56 @@ pub fn parse_response(
         }
         if name_is(name, "content-length") {
             out.headers.skip |= bit;
-            match parse_content_length(h.value, content_length) {
-                Ok(n) => content_length = Some(n),
-                Err(e) => length_error = Some(e),
+            match parse_content_length(value, self.content_length) {
+                Ok(n) => self.content_length = Some(n),
+                Err(e) => self.length_error = Some(e),
             }
         } else if name_is(name, "transfer-encoding") {
-            chunked_last = list_tokens(h.value)
+            self.chunked_last = list_tokens(value)
                 .last()
                 .map(|t| t.eq_ignore_ascii_case(b"chunked"))
-                .or(chunked_last);
+                .or(self.chunked_last);
         } else if name_is(name, "connection") {
-            options.add(h.value)?;
-            for token in list_tokens(h.value) {
-                if token.eq_ignore_ascii_case(b"close") {
-                    out.reusable = false;
-                } else if token.eq_ignore_ascii_case(b"keep-alive") && version == 0 {
-                    out.reusable = true;
-                }
-            }
+            self.options.add(value)?;
+            out.reusable = keep_alive_after(out.reusable, value, out.minor_version == 0);
         } else if name_is(name, "x-request-id") {
             out.headers.skip |= bit;
         } else if name_is(name, "content-type") {
-            out.event_stream = h
-                .value
+            out.event_stream = value
                 .trim_ascii_start()
                 .get(..17)
                 .is_some_and(|t| t.eq_ignore_ascii_case(b"text/event-stream"));
         }
+        Ok(())
     }
-    out.headers.len = resp.headers.len();
-    options.mark(buf, &mut out.headers);
 
-    let no_body = request_was_head || code < 200 || code == 204 || code == 304;
-    out.body = if no_body {
-        Some(BodyFraming::None)
-    } else if let Some(chunked) = chunked_last {
-        // Transfer-Encoding overrides Content-Length; a message carrying both is suspect,
-        // so its connection is not reused.
-        if content_length.is_some() || length_error.is_some() {
-            out.reusable = false;
+    /// The body's framing (`None`: until close); clears `reusable` where the connection
+    /// cannot carry another response.
+    fn framing(&self, reusable: &mut bool) -> Result<Option<BodyFraming>, HttpError> {
+        if let Some(chunked) = self.chunked_last {
+            // Transfer-Encoding overrides Content-Length; a message carrying both is
+            // suspect, so its connection is not reused.
+            if self.content_length.is_some() || self.length_error.is_some() {
+                *reusable = false;
+            }
+            if chunked {
+                return Ok(Some(BodyFraming::Chunked));
+            }
+            *reusable = false;
+            return Ok(None);
         }
-        if chunked {
-            Some(BodyFraming::Chunked)
-        } else {
-            out.reusable = false;
-            None
+        if let Some(e) = self.length_error {
+            return Err(e);
         }
-    } else if let Some(e) = length_error {
-        return Err(e);
-    } else {
-        match content_length {
-            Some(0) => Some(BodyFraming::None),
-            Some(n) => Some(BodyFraming::Length(n)),
+        match self.content_length {
+            Some(0) => Ok(Some(BodyFraming::None)),
+            Some(n) => Ok(Some(BodyFraming::Length(n))),
             None => {
-                out.reusable = false;
-                None
+                *reusable = false;
+                Ok(None)
             }
         }
-    };
-    Ok(true)
+    }
 }
 
 #[cfg(test)]
@@ -153,93 +172,97 @@ mod tests {
             .map(|done| done.then(|| (out.status, out.framing(), out.reusable)))
     }
 
+    type Case = (
+        &'static str,
+        bool,
+        Result<Option<(u16, BodyFraming, bool)>, HttpError>,
+    );
+
+    /// Wire table: raw response head, whether the request was HEAD → status, framing and
+    /// reusability, or the refusal.
+    const WIRE: &[Case] = &[
+        (
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc",
+            false,
+            Ok(Some((200, Length(3), true))),
+        ),
+        (
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n",
+            false,
+            Ok(Option::None),
+        ),
+        (
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
+            false,
+            Ok(Some((200, Chunked, true))),
+        ),
+        (
+            "HTTP/1.1 200 OK\r\n\r\n",
+            false,
+            Ok(Some((200, UntilClose, false))),
+        ),
+        (
+            "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\n",
+            false,
+            Ok(Some((200, Length(1), false))),
+        ),
+        (
+            "HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n",
+            false,
+            Ok(Some((200, Length(1), false))),
+        ),
+        (
+            "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 1\r\n\r\n",
+            false,
+            Ok(Some((200, Length(1), true))),
+        ),
+        (
+            "HTTP/1.1 204 No Content\r\n\r\n",
+            false,
+            Ok(Some((204, None, true))),
+        ),
+        (
+            "HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n",
+            false,
+            Ok(Some((304, None, true))),
+        ),
+        (
+            "HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n",
+            true,
+            Ok(Some((200, None, true))),
+        ),
+        (
+            "HTTP/1.1 100 Continue\r\n\r\n",
+            false,
+            Ok(Some((100, None, true))),
+        ),
+        (
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
+            false,
+            Ok(Some((200, Chunked, false))),
+        ),
+        (
+            "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
+            false,
+            Ok(Some((200, UntilClose, false))),
+        ),
+        (
+            "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
+            false,
+            Err(HttpError::ConflictingLength),
+        ),
+        (
+            "HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
+            false,
+            Err(HttpError::InvalidLength),
+        ),
+        ("HTTP/2 200 OK\r\n\r\n", false, Err(HttpError::Version)),
+        ("garbage\r\n\r\n", false, Err(HttpError::Version)),
+    ];
+
     #[test]
     fn wire_table() {
-        type Case = (
-            &'static str,
-            bool,
-            Result<Option<(u16, BodyFraming, bool)>, HttpError>,
-        );
-        let cases: &[Case] = &[
-            (
-                "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\nabc",
-                false,
-                Ok(Some((200, Length(3), true))),
-            ),
-            (
-                "HTTP/1.1 200 OK\r\nContent-Length: 3\r\n",
-                false,
-                Ok(Option::None),
-            ),
-            (
-                "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n",
-                false,
-                Ok(Some((200, Chunked, true))),
-            ),
-            (
-                "HTTP/1.1 200 OK\r\n\r\n",
-                false,
-                Ok(Some((200, UntilClose, false))),
-            ),
-            (
-                "HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 1\r\n\r\n",
-                false,
-                Ok(Some((200, Length(1), false))),
-            ),
-            (
-                "HTTP/1.0 200 OK\r\nContent-Length: 1\r\n\r\n",
-                false,
-                Ok(Some((200, Length(1), false))),
-            ),
-            (
-                "HTTP/1.0 200 OK\r\nConnection: keep-alive\r\nContent-Length: 1\r\n\r\n",
-                false,
-                Ok(Some((200, Length(1), true))),
-            ),
-            (
-                "HTTP/1.1 204 No Content\r\n\r\n",
-                false,
-                Ok(Some((204, None, true))),
-            ),
-            (
-                "HTTP/1.1 304 Not Modified\r\nContent-Length: 9\r\n\r\n",
-                false,
-                Ok(Some((304, None, true))),
-            ),
-            (
-                "HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\n",
-                true,
-                Ok(Some((200, None, true))),
-            ),
-            (
-                "HTTP/1.1 100 Continue\r\n\r\n",
-                false,
-                Ok(Some((100, None, true))),
-            ),
-            (
-                "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n",
-                false,
-                Ok(Some((200, Chunked, false))),
-            ),
-            (
-                "HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n",
-                false,
-                Ok(Some((200, UntilClose, false))),
-            ),
-            (
-                "HTTP/1.1 200 OK\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\n",
-                false,
-                Err(HttpError::ConflictingLength),
-            ),
-            (
-                "HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n",
-                false,
-                Err(HttpError::InvalidLength),
-            ),
-            ("HTTP/2 200 OK\r\n\r\n", false, Err(HttpError::Version)),
-            ("garbage\r\n\r\n", false, Err(HttpError::Version)),
-        ];
-        for (raw, head, want) in cases {
+        for (raw, head, want) in WIRE {
             assert_eq!(&parse(raw, *head), want, "{raw:?}");
         }
     }

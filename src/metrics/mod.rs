@@ -1,347 +1,189 @@
-//! Data-path counters: each core writes only its own cache-padded cells (a plain load and
-//! store, no locked instruction, no sharing), and a scrape sums the cores. Exposition in
-//! Prometheus text goes through the prometheus crate (`expose`).
+//! `/metrics`: every family built at scrape time from the cores' counter cells, the
+//! snapshot and the monitor's state, and encoded by the prometheus crate's text encoder.
+//! Names and labels follow Dynamo (semantics §7); Spillway's own series are prefixed
+//! `spillway_`. Nothing here runs on a core.
 
-pub mod expose;
+mod families;
+mod process;
 
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use families::{Families, histogram, labels};
+use prometheus::proto::LabelPair;
 
-use crossbeam_utils::CachePadded;
-
+use crate::monitor::Control;
 use crate::route::Endpoint;
+use crate::runtime::clock;
+use crate::state::counters::{
+    DURATION_BUCKETS, ITL_BUCKETS, MigrationReason, Outcome, RequestType, TTFT_BUCKETS,
+};
+use crate::state::{Model, Snapshot};
 
-/// Adds to a counter that only the calling core writes.
-#[inline]
-pub fn add(cell: &AtomicU64, n: u64) {
-    cell.store(cell.load(Relaxed).wrapping_add(n), Relaxed);
+type Series = Vec<(Vec<LabelPair>, f64)>;
+
+/// Renders the whole exposition.
+pub fn render(control: &Control) -> Vec<u8> {
+    let snap = control.shared.snapshot.load_full();
+    let mut f = Families::new();
+    requests(&mut f, &snap);
+    latencies(&mut f, &snap);
+    worker_load(&mut f, control, &snap, clock::now_ms());
+    admission(&mut f, &snap);
+    process::families(&mut f, control, &snap, clock::now_ms());
+    f.encode()
 }
 
-#[inline]
-pub fn sub(cell: &AtomicU64, n: u64) {
-    cell.store(cell.load(Relaxed).wrapping_sub(n), Relaxed);
+/// One series per model.
+fn per_model(snap: &Snapshot, value: impl Fn(&Model) -> f64) -> Series {
+    snap.models
+        .iter()
+        .map(|m| (labels(&[("model", &m.name)]), value(m)))
+        .collect()
 }
 
-/// How a request ended: Dynamo's `status` and `error_type` labels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Outcome {
-    Success,
-    Validation,
-    NotFound,
-    Overload,
-    Unavailable,
-    Cancelled,
-    ResponseTimeout,
-    Internal,
-    NotImplemented,
-}
-
-impl Outcome {
-    pub const ALL: [Outcome; 9] = [
-        Outcome::Success,
-        Outcome::Validation,
-        Outcome::NotFound,
-        Outcome::Overload,
-        Outcome::Unavailable,
-        Outcome::Cancelled,
-        Outcome::ResponseTimeout,
-        Outcome::Internal,
-        Outcome::NotImplemented,
-    ];
-
-    pub fn status(self) -> &'static str {
-        if self == Outcome::Success {
-            "success"
-        } else {
-            "error"
+/// Requests, rejections and migrations per model (Dynamo's frontend counters).
+fn requests(f: &mut Families, snap: &Snapshot) {
+    let (mut requests, mut rejections, mut migrations) = (Vec::new(), Vec::new(), Vec::new());
+    for model in snap.models.iter() {
+        let m = &model.metrics;
+        for e in Endpoint::ALL {
+            for t in [RequestType::Unary, RequestType::Stream] {
+                for o in Outcome::ALL {
+                    let n = m.requests(e, t, o);
+                    let l = [
+                        ("model", &*model.name),
+                        ("endpoint", e.label()),
+                        ("request_type", t.label()),
+                        ("status", o.status()),
+                        ("error_type", o.error_type()),
+                    ];
+                    if n > 0 {
+                        requests.push((labels(&l), n as f64));
+                    }
+                }
+            }
+            let n = m.rejections(e);
+            if n > 0 {
+                let l = [("model", &*model.name), ("endpoint", e.label())];
+                rejections.push((labels(&l), n as f64));
+            }
+        }
+        for reason in MigrationReason::ALL {
+            let n = m.migrations(reason);
+            if n > 0 {
+                let l = [("model", &*model.name), ("reason", reason.label())];
+                migrations.push((labels(&l), n as f64));
+            }
         }
     }
-
-    pub fn error_type(self) -> &'static str {
-        match self {
-            Outcome::Success => "",
-            Outcome::Validation => "validation",
-            Outcome::NotFound => "not_found",
-            Outcome::Overload => "overload",
-            Outcome::Unavailable => "unavailable",
-            Outcome::Cancelled => "cancelled",
-            Outcome::ResponseTimeout => "response_timeout",
-            Outcome::Internal => "internal",
-            Outcome::NotImplemented => "not_implemented",
-        }
-    }
-
-    /// The outcome of a response status the client received.
-    pub fn of_status(status: u16, overload_status: u16) -> Outcome {
-        match status {
-            200..=399 => Outcome::Success,
-            404 => Outcome::NotFound,
-            408 | 504 => Outcome::ResponseTimeout,
-            429 | 529 => Outcome::Overload,
-            s if s == overload_status => Outcome::Overload,
-            503 => Outcome::Unavailable,
-            501 => Outcome::NotImplemented,
-            400..=499 => Outcome::Validation,
-            _ => Outcome::Internal,
-        }
-    }
+    f.counter(
+        "dynamo_frontend_requests_total",
+        "Total number of LLM requests processed",
+        requests,
+    );
+    f.counter(
+        "dynamo_frontend_model_rejection_total",
+        "Total number of requests rejected due to resource exhaustion",
+        rejections,
+    );
+    f.counter(
+        "dynamo_frontend_model_migration_total",
+        "Total number of request migrations due to worker unavailability",
+        migrations,
+    );
+    f.gauge(
+        "dynamo_frontend_inflight_requests",
+        "Number of inflight requests",
+        per_model(snap, |m| m.metrics.inflight() as f64),
+    );
 }
 
-/// Why a request moved to another worker (`dynamo_frontend_model_migration_total{reason}`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MigrationReason {
-    WorkerAtCapacity,
-    QueueTimeout,
-    UpstreamOverloaded,
-    UpstreamUnavailable,
-}
-
-impl MigrationReason {
-    pub const ALL: [MigrationReason; 4] = [
-        MigrationReason::WorkerAtCapacity,
-        MigrationReason::QueueTimeout,
-        MigrationReason::UpstreamOverloaded,
-        MigrationReason::UpstreamUnavailable,
-    ];
-
-    pub fn label(self) -> &'static str {
-        match self {
-            MigrationReason::WorkerAtCapacity => "worker_at_capacity",
-            MigrationReason::QueueTimeout => "queue_timeout",
-            MigrationReason::UpstreamOverloaded => "upstream_overloaded",
-            MigrationReason::UpstreamUnavailable => "upstream_unavailable",
-        }
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum RequestType {
-    Unary,
-    Stream,
-}
-
-impl RequestType {
-    pub fn label(self) -> &'static str {
-        match self {
-            RequestType::Unary => "unary",
-            RequestType::Stream => "stream",
-        }
-    }
-}
-
-/// Dynamo's default bucket bounds (seconds), for dashboard compatibility.
-pub const TTFT_BUCKETS: [f64; 18] = [
-    0.0, 0.0022, 0.0047, 0.01, 0.022, 0.047, 0.1, 0.22, 0.47, 1.0, 2.2, 4.7, 10.0, 22.0, 48.0,
-    100.0, 220.0, 480.0,
-];
-pub const ITL_BUCKETS: [f64; 13] = [
-    0.0, 0.0019, 0.0035, 0.0067, 0.013, 0.024, 0.045, 0.084, 0.16, 0.3, 0.56, 1.1, 2.0,
-];
-pub const DURATION_BUCKETS: [f64; 10] = [0.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 130.0, 260.0, 510.0];
-
-/// A single-writer histogram: counts per bucket (last = +Inf) and the sum in nanoseconds.
-#[derive(Debug)]
-pub struct Histogram<const N: usize> {
-    counts: [AtomicU64; N],
-    overflow: AtomicU64,
-    sum_ns: AtomicU64,
-}
-
-impl<const N: usize> Default for Histogram<N> {
-    fn default() -> Self {
-        Self {
-            counts: std::array::from_fn(|_| AtomicU64::new(0)),
-            overflow: AtomicU64::new(0),
-            sum_ns: AtomicU64::new(0),
-        }
-    }
-}
-
-impl<const N: usize> Histogram<N> {
-    #[inline]
-    pub fn observe(&self, bounds: &[f64; N], secs: f64) {
-        match bounds.iter().position(|&b| secs <= b) {
-            Some(i) => add(&self.counts[i], 1),
-            None => add(&self.overflow, 1),
-        }
-        add(&self.sum_ns, (secs * 1e9) as u64);
-    }
-
-    /// Adds this histogram's counts into `into` (per-bucket, non-cumulative) and sums.
-    pub fn accumulate(&self, counts: &mut [u64], sum_ns: &mut u64) {
-        for (i, c) in self.counts.iter().enumerate() {
-            counts[i] += c.load(Relaxed);
-        }
-        counts[N] += self.overflow.load(Relaxed);
-        *sum_ns += self.sum_ns.load(Relaxed);
-    }
-}
-
-const REQUEST_CELLS: usize = Endpoint::ALL.len() * 2 * Outcome::ALL.len();
-
-/// One core's counters for one model.
-#[derive(Debug)]
-pub struct ModelCore {
-    requests: [AtomicU64; REQUEST_CELLS],
-    rejections: [AtomicU64; Endpoint::ALL.len()],
-    pub inflight: AtomicU64,
-    pub ttft: Histogram<18>,
-    pub itl: Histogram<13>,
-    pub duration: Histogram<10>,
-    migrations: [AtomicU64; 4],
-}
-
-impl Default for ModelCore {
-    fn default() -> Self {
-        Self {
-            requests: std::array::from_fn(|_| AtomicU64::new(0)),
-            rejections: std::array::from_fn(|_| AtomicU64::new(0)),
-            inflight: AtomicU64::new(0),
-            ttft: Histogram::default(),
-            itl: Histogram::default(),
-            duration: Histogram::default(),
-            migrations: std::array::from_fn(|_| AtomicU64::new(0)),
-        }
-    }
-}
-
-fn request_cell(e: Endpoint, t: RequestType, o: Outcome) -> usize {
-    let oi = Outcome::ALL.iter().position(|x| *x == o).unwrap_or(0);
-    (e.index() * 2 + t as usize) * Outcome::ALL.len() + oi
-}
-
-impl ModelCore {
-    #[inline]
-    pub fn request_done(&self, e: Endpoint, t: RequestType, o: Outcome) {
-        add(&self.requests[request_cell(e, t, o)], 1);
-    }
-
-    #[inline]
-    pub fn rejected(&self, e: Endpoint) {
-        add(&self.rejections[e.index()], 1);
-    }
-
-    #[inline]
-    pub fn migrated(&self, reason: MigrationReason) {
-        add(&self.migrations[reason as usize], 1);
-    }
-}
-
-/// A model's counters: one [`ModelCore`] per core. Kept across reloads.
-#[derive(Debug)]
-pub struct ModelMetrics {
-    pub cores: Box<[CachePadded<ModelCore>]>,
-}
-
-impl ModelMetrics {
-    pub fn new(cores: usize) -> ModelMetrics {
-        ModelMetrics {
-            cores: (0..cores)
-                .map(|_| CachePadded::new(ModelCore::default()))
-                .collect(),
-        }
-    }
-
-    pub fn requests(&self, e: Endpoint, t: RequestType, o: Outcome) -> u64 {
-        let cell = request_cell(e, t, o);
-        self.cores
+/// TTFT, inter-token latency and duration histograms per model.
+fn latencies(f: &mut Families, snap: &Snapshot) {
+    let each = |h: &dyn Fn(&Model) -> prometheus::proto::Histogram| {
+        snap.models
             .iter()
-            .map(|c| c.requests[cell].load(Relaxed))
-            .sum()
-    }
-
-    pub fn rejections(&self, e: Endpoint) -> u64 {
-        self.cores
-            .iter()
-            .map(|c| c.rejections[e.index()].load(Relaxed))
-            .sum()
-    }
-
-    pub fn migrations(&self, reason: MigrationReason) -> u64 {
-        self.cores
-            .iter()
-            .map(|c| c.migrations[reason as usize].load(Relaxed))
-            .sum()
-    }
-
-    pub fn inflight(&self) -> u64 {
-        self.cores
-            .iter()
-            .map(|c| c.inflight.load(Relaxed))
-            .sum::<u64>()
-    }
+            .map(|m| (labels(&[("model", &m.name)]), h(m)))
+            .collect::<Vec<_>>()
+    };
+    f.histogram(
+        "dynamo_frontend_time_to_first_token_seconds",
+        "Time to first token in seconds",
+        each(&|m| histogram(&TTFT_BUCKETS, &m.metrics, |c| &c.ttft)),
+    );
+    f.histogram(
+        "dynamo_frontend_inter_token_latency_seconds",
+        "Inter-token latency in seconds",
+        each(&|m| histogram(&ITL_BUCKETS, &m.metrics, |c| &c.itl)),
+    );
+    f.histogram(
+        "dynamo_frontend_request_duration_seconds",
+        "Duration of LLM requests",
+        each(&|m| histogram(&DURATION_BUCKETS, &m.metrics, |c| &c.duration)),
+    );
 }
 
-/// Process-wide data-path counters of one core.
-#[derive(Debug, Default)]
-pub struct CoreCounters {
-    pub connections: AtomicU64,
-    pub connections_refused: AtomicU64,
-    pub bad_requests: AtomicU64,
-    pub upstream_connects: AtomicU64,
-    pub upstream_connect_failures: AtomicU64,
-    pub upstream_reuse_retries: AtomicU64,
-    pub failovers: AtomicU64,
-    pub client_disconnects: AtomicU64,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn histogram_buckets() {
-        let h = Histogram::<3>::default();
-        let bounds = [0.1, 1.0, 10.0];
-        for s in [0.05, 0.1, 0.5, 5.0, 50.0] {
-            h.observe(&bounds, s);
+/// Per worker and rank: the latest effective load the busy rule saw.
+fn worker_load(f: &mut Families, control: &Control, snap: &Snapshot, now: u64) {
+    let staleness = snap.config.load_staleness_ms;
+    let (mut decode, mut prefill) = (Vec::new(), Vec::new());
+    for w in snap.workers.iter() {
+        let Some(load) = control.monitor.table.workers.get(&w.state.slot) else {
+            continue;
+        };
+        for r in 0..load.dp_size(&w.cfg) {
+            let e = load.effective(r, &w.cfg, now, staleness);
+            let rank = r.to_string();
+            let l = [
+                ("worker_id", w.cfg.name.as_str()),
+                ("dp_rank", rank.as_str()),
+                ("worker_type", "decode"),
+            ];
+            if let Some(v) = e.kv_used_blocks.max(e.active_decode_blocks) {
+                decode.push((labels(&l), v as f64));
+            }
+            if let Some(v) = e.active_prefill_tokens {
+                prefill.push((labels(&l), v as f64));
+            }
         }
-        let mut counts = [0u64; 4];
-        let mut sum = 0;
-        h.accumulate(&mut counts, &mut sum);
-        assert_eq!(counts, [2, 1, 1, 1]);
-        assert_eq!(sum, 55_650_000_000);
     }
+    f.gauge(
+        "dynamo_frontend_worker_active_decode_blocks",
+        "Active KV cache decode blocks per worker",
+        decode,
+    );
+    f.gauge(
+        "dynamo_frontend_worker_active_prefill_tokens",
+        "Active prefill tokens queued per worker",
+        prefill,
+    );
+}
 
-    #[test]
-    fn outcome_of_status() {
-        assert_eq!(Outcome::of_status(200, 529), Outcome::Success);
-        assert_eq!(Outcome::of_status(529, 529), Outcome::Overload);
-        assert_eq!(Outcome::of_status(503, 503), Outcome::Overload);
-        assert_eq!(Outcome::of_status(503, 529), Outcome::Unavailable);
-        assert_eq!(Outcome::of_status(400, 529), Outcome::Validation);
-        assert_eq!(Outcome::of_status(502, 529), Outcome::Internal);
-    }
-
-    #[test]
-    fn model_metrics_sum_cores() {
-        let m = ModelMetrics::new(3);
-        m.cores[0].request_done(
-            Endpoint::ChatCompletions,
-            RequestType::Stream,
-            Outcome::Success,
-        );
-        m.cores[2].request_done(
-            Endpoint::ChatCompletions,
-            RequestType::Stream,
-            Outcome::Success,
-        );
-        m.cores[1].rejected(Endpoint::Completions);
-        assert_eq!(
-            m.requests(
-                Endpoint::ChatCompletions,
-                RequestType::Stream,
-                Outcome::Success
-            ),
-            2
-        );
-        assert_eq!(
-            m.requests(
-                Endpoint::ChatCompletions,
-                RequestType::Unary,
-                Outcome::Success
-            ),
-            0
-        );
-        assert_eq!(m.rejections(Endpoint::Completions), 1);
-    }
+/// Worker admission (engine slots and overflow queue), for workers with a limit.
+fn admission(f: &mut Families, snap: &Snapshot) {
+    let gates: Vec<_> = snap
+        .workers
+        .iter()
+        .filter_map(|w| {
+            w.gate
+                .as_ref()
+                .map(|g| (labels(&[("worker", &w.cfg.name)]), g))
+        })
+        .collect();
+    let series = |v: &dyn Fn(&crate::admission::Gate) -> f64| -> Series {
+        gates.iter().map(|(l, g)| (l.clone(), v(g))).collect()
+    };
+    f.counter(
+        "dynamo_rejection_request_total",
+        "Requests rejected because the worker is at capacity (engine slots and queue full, or queue timeout)",
+        series(&|g| g.rejected() as f64),
+    );
+    f.gauge(
+        "dynamo_engine_request",
+        "Requests holding an engine slot of the worker (engine_request_limit)",
+        series(&|g| g.occupancy().0 as f64),
+    );
+    f.gauge(
+        "dynamo_request_queue",
+        "Requests waiting for an engine slot of the worker (request_queue_limit)",
+        series(&|g| g.occupancy().1 as f64),
+    );
 }

@@ -5,10 +5,9 @@ use std::collections::HashMap;
 
 use serde::Deserialize;
 
-use super::BusySet;
 use crate::config::WorkerConfig;
-use crate::config::snapshot::Snapshot;
 use crate::shed::{RankLoad, Thresholds, rank_busy, worker_busy};
+use crate::state::{BusySet, Snapshot};
 
 /// A value and when it was observed (monotonic ms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -333,14 +332,13 @@ pub fn load_permille(l: &RankLoad) -> u16 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::snapshot::Registry;
     use crate::config::{Config, Overrides};
 
     fn snap(extra: &str) -> Snapshot {
         let text = format!(
             "[[models]]\nname = \"m\"\nactive_decode_blocks_threshold = 0.5\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\nname = \"a\"\nkv_total_blocks = 100\n{extra}\n[[models.workers]]\nurl = \"http://127.0.0.1:2\"\nname = \"b\"\n"
         );
-        Registry::new(1).build(Config::parse(&text, &Overrides::default()).unwrap())
+        Snapshot::standalone(Config::parse(&text, &Overrides::default()).unwrap(), 1).unwrap()
     }
 
     fn ev(json: &str) -> Vec<LoadEvent> {

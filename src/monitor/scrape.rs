@@ -12,6 +12,9 @@ use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use crate::config::{MetricsFormat, WorkerConfig};
 use crate::http::BodyFraming;
 use crate::http::chunked::Dechunker;
+use crate::http::limits::{
+    MAX_METRICS_BODY, MAX_METRICS_HEAD, METRICS_READ_BUF, RESPONSE_READ_MIN_SPARE,
+};
 use crate::http::response::{ResponseHead, parse_response};
 
 /// One sample of the text exposition format.
@@ -186,9 +189,6 @@ pub fn parse(format: MetricsFormat, text: &str, cfg: &WorkerConfig) -> Vec<Scrap
         .collect()
 }
 
-/// Largest metrics body accepted.
-const MAX_METRICS_BYTES: usize = 8 * 1024 * 1024;
-
 /// GETs `path` from `addr` and returns the body text.
 pub async fn fetch(
     addr: SocketAddr,
@@ -212,33 +212,33 @@ pub async fn fetch(
 
 /// One HTTP/1.1 exchange on a fresh connection: writes `request` (a whole request that
 /// asks for `connection: close`) and returns the status and the de-chunked body, at most
-/// [`MAX_METRICS_BYTES`]. The caller bounds it in time.
-pub(crate) async fn exchange(addr: SocketAddr, request: Vec<u8>) -> Result<(u16, Vec<u8>), String> {
+/// [`MAX_METRICS_BODY`]. The caller bounds it in time.
+async fn exchange(addr: SocketAddr, request: Vec<u8>) -> Result<(u16, Vec<u8>), String> {
     let mut stream = monoio::net::TcpStream::connect_addr(addr)
         .await
         .map_err(|e| format!("connect: {e}"))?;
     let (res, _) = stream.write_all(request).await;
     res.map_err(|e| format!("write: {e}"))?;
-    let mut buf: Vec<u8> = Vec::with_capacity(16 * 1024);
+    let mut buf: Vec<u8> = Vec::with_capacity(METRICS_READ_BUF);
     let mut head = ResponseHead::default();
     // Kept across reads: it de-chunks in place, so it must not restart from the head.
     let mut dechunker = Dechunker::new(0);
     let mut eof = false;
     loop {
         if !eof {
-            if buf.capacity() - buf.len() < 4096 {
-                buf.reserve(16 * 1024);
+            if buf.capacity() - buf.len() < RESPONSE_READ_MIN_SPARE {
+                buf.reserve(METRICS_READ_BUF);
             }
             let len = buf.len();
             let (res, slice) = stream.read(buf.slice_mut(len..)).await;
             buf = slice.into_inner();
             eof = res.map_err(|e| format!("read: {e}"))? == 0;
-            if buf.len() > MAX_METRICS_BYTES {
+            if buf.len() > MAX_METRICS_BODY {
                 return Err("response body too large".into());
             }
         }
         if head.status == 0 {
-            match parse_response(&buf, 64 * 1024, false, &mut head) {
+            match parse_response(&buf, MAX_METRICS_HEAD, false, &mut head) {
                 Ok(true) => {}
                 Ok(false) if eof => return Err("connection closed before the response head".into()),
                 Ok(false) => continue,

@@ -4,7 +4,32 @@
 
 pub mod peek;
 
-use crate::config::RouterMode;
+/// How a model's pool picks a worker (semantics §4); busy and down workers are skipped in
+/// every mode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RouterMode {
+    RoundRobin,
+    Random,
+    PowerOfTwo,
+    LeastLoaded,
+    Direct,
+}
+
+impl RouterMode {
+    pub const NAMES: &str = "round-robin, random, power-of-two, least-loaded, direct";
+
+    pub fn parse(s: &str) -> Option<RouterMode> {
+        Some(match s {
+            "round-robin" => RouterMode::RoundRobin,
+            "random" => RouterMode::Random,
+            "power-of-two" => RouterMode::PowerOfTwo,
+            "least-loaded" => RouterMode::LeastLoaded,
+            "direct" => RouterMode::Direct,
+            _ => return None,
+        })
+    }
+}
 
 /// The OpenAI endpoint of a proxied path; a metrics label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

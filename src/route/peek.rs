@@ -9,8 +9,7 @@
 //! validates the body fully; Spillway only needs to route it unambiguously. A repeated
 //! top-level `model` key is refused, because parsers disagree on which copy wins.
 
-/// Bounded nesting, as serde_json does (128); deeper bodies are refused.
-pub const MAX_DEPTH: u32 = 128;
+use crate::http::limits::MAX_JSON_DEPTH;
 
 /// A JSON string's raw contents (between the quotes, escapes not decoded).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -228,7 +227,7 @@ impl<'a> Scanner<'a> {
                 }
                 b'{' | b'[' => {
                     depth += 1;
-                    if depth > MAX_DEPTH - 1 {
+                    if depth > MAX_JSON_DEPTH - 1 {
                         return Err(PeekError::TooDeep);
                     }
                     stack = (stack << 1) | u128::from(b == b'{');

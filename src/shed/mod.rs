@@ -121,7 +121,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    fn t(decode: Option<f64>, abs: Option<u64>, frac: Option<f64>) -> Thresholds {
+    const fn t(decode: Option<f64>, abs: Option<u64>, frac: Option<f64>) -> Thresholds {
         Thresholds {
             active_decode_blocks_threshold: decode,
             active_prefill_tokens_threshold: abs,
@@ -129,7 +129,7 @@ mod tests {
         }
     }
 
-    fn load(
+    const fn load(
         decode: Option<u64>,
         used: Option<u64>,
         prefill: Option<u64>,
@@ -145,92 +145,93 @@ mod tests {
         }
     }
 
+    /// The busy rule, case by case: thresholds, a rank's load, whether it is busy.
+    const TABLE: &[(Thresholds, RankLoad, bool)] = &[
+        (
+            t(None, None, None),
+            load(Some(1000), Some(1000), Some(1 << 30), Some(10), Some(1)),
+            false,
+        ),
+        (
+            t(Some(0.85), None, None),
+            load(Some(86), None, None, Some(100), None),
+            true,
+        ),
+        (
+            t(Some(0.85), None, None),
+            load(Some(85), None, None, Some(100), None),
+            false,
+        ),
+        (
+            t(Some(0.85), None, None),
+            load(None, Some(86), None, Some(100), None),
+            true,
+        ),
+        (
+            t(Some(0.85), None, None),
+            load(Some(99), None, None, None, None),
+            false,
+        ),
+        (
+            t(Some(0.85), None, None),
+            load(Some(99), None, None, Some(0), None),
+            false,
+        ),
+        (
+            t(Some(0.0), None, None),
+            load(Some(1), None, None, Some(100), None),
+            true,
+        ),
+        (
+            t(Some(0.0), None, None),
+            load(Some(0), None, None, Some(100), None),
+            false,
+        ),
+        (
+            t(None, Some(100), None),
+            load(None, None, Some(101), None, None),
+            true,
+        ),
+        (
+            t(None, Some(100), None),
+            load(None, None, Some(100), None, None),
+            false,
+        ),
+        (
+            t(None, Some(100), None),
+            load(None, None, None, None, None),
+            false,
+        ),
+        (
+            t(None, None, Some(0.5)),
+            load(None, None, Some(51), None, Some(100)),
+            true,
+        ),
+        (
+            t(None, None, Some(0.5)),
+            load(None, None, Some(50), None, Some(100)),
+            false,
+        ),
+        (
+            t(None, None, Some(2.0)),
+            load(None, None, Some(201), None, Some(100)),
+            true,
+        ),
+        (
+            t(None, None, Some(0.5)),
+            load(None, None, Some(1 << 40), None, None),
+            false,
+        ),
+        (
+            t(Some(0.9), Some(10), None),
+            load(Some(1), None, Some(11), Some(100), None),
+            true,
+        ),
+    ];
+
     #[test]
     fn table() {
-        let cases = [
-            // (thresholds, load, busy)
-            (
-                t(None, None, None),
-                load(Some(1000), Some(1000), Some(1 << 30), Some(10), Some(1)),
-                false,
-            ),
-            (
-                t(Some(0.85), None, None),
-                load(Some(86), None, None, Some(100), None),
-                true,
-            ),
-            (
-                t(Some(0.85), None, None),
-                load(Some(85), None, None, Some(100), None),
-                false,
-            ),
-            (
-                t(Some(0.85), None, None),
-                load(None, Some(86), None, Some(100), None),
-                true,
-            ),
-            (
-                t(Some(0.85), None, None),
-                load(Some(99), None, None, None, None),
-                false,
-            ),
-            (
-                t(Some(0.85), None, None),
-                load(Some(99), None, None, Some(0), None),
-                false,
-            ),
-            (
-                t(Some(0.0), None, None),
-                load(Some(1), None, None, Some(100), None),
-                true,
-            ),
-            (
-                t(Some(0.0), None, None),
-                load(Some(0), None, None, Some(100), None),
-                false,
-            ),
-            (
-                t(None, Some(100), None),
-                load(None, None, Some(101), None, None),
-                true,
-            ),
-            (
-                t(None, Some(100), None),
-                load(None, None, Some(100), None, None),
-                false,
-            ),
-            (
-                t(None, Some(100), None),
-                load(None, None, None, None, None),
-                false,
-            ),
-            (
-                t(None, None, Some(0.5)),
-                load(None, None, Some(51), None, Some(100)),
-                true,
-            ),
-            (
-                t(None, None, Some(0.5)),
-                load(None, None, Some(50), None, Some(100)),
-                false,
-            ),
-            (
-                t(None, None, Some(2.0)),
-                load(None, None, Some(201), None, Some(100)),
-                true,
-            ),
-            (
-                t(None, None, Some(0.5)),
-                load(None, None, Some(1 << 40), None, None),
-                false,
-            ),
-            (
-                t(Some(0.9), Some(10), None),
-                load(Some(1), None, Some(11), Some(100), None),
-                true,
-            ),
-        ];
-        for (i, (th, l, want)) in cases.iter().enumerate() {
+        for (i, (th, l, want)) in TABLE.iter().enumerate() {
             let mut latch = false;
             assert_eq!(rank_busy(th, l, &mut latch), *want, "case {i}");
         }

@@ -1,0 +1,227 @@
+//! `spillway mock-engine`: a simulated OpenAI-compatible inference engine to overload.
+//!
+//! It speaks what Spillway meets in front of vLLM: `POST /v1/chat/completions` and
+//! `/v1/completions` (JSON or SSE streams shaped as vLLM emits them), `GET /metrics` in
+//! vLLM's names, `GET /health`, `GET /v1/models`, and optionally pushes Dynamo-style load
+//! events to a Spillway admin listener (`--push-load`). Behind the HTTP side sits a pure
+//! simulator of continuous batching ([`sim`]), so load behaves like a GPU's: more
+//! sequences make every token slower, a full batch makes requests queue, a full KV cache
+//! preempts.
+//!
+//! # Time model
+//!
+//! The engine runs in steps, back to back while it has work; arrivals join at the next
+//! step boundary. A step's batch is built vLLM-style: running sequences oldest first (a
+//! decoding one takes 1 token of the `max_num_batched_tokens` budget, a prefilling one a
+//! chunk of what is left), then admissions from the FIFO waiting queue while
+//! `max_num_seqs`, the budget and free KV blocks allow; the queue's head blocks those
+//! behind it. A step lasts `decode_step_base_ms + decode_step_per_seq_ms × sequences in
+//! the batch + prefill tokens / prefill_tokens_per_s`. At its end every sequence whose
+//! context is fully computed samples one token; the step that finishes a prompt's
+//! prefill samples the first, so TTFT = queueing + prefill steps.
+//!
+//! KV cache: `kv_blocks` blocks of `block_size` tokens. A running sequence holds
+//! ceil((prompt + generated + 1) / block_size) blocks: every token it has plus the one
+//! being computed; admission needs that many free. When a decoding sequence needs a new
+//! block and none is free, the newest running sequence is preempted (vLLM V1's recompute,
+//! not a stall): its blocks are freed, it returns to the head of the queue and, once
+//! readmitted, recomputes its prompt and generated tokens as prefill before its next
+//! token. The client only sees a pause. A step that preempted admits nobody.
+//!
+//! A sequence finishes at its `max_tokens` (`finish_reason` `"length"`; `"stop"` when the
+//! request set no limit and `default_max_tokens` stood for the answer's natural end) and
+//! frees its blocks; a client that disconnects aborts its sequence and frees them at
+//! once. Requests whose prompt + max_tokens exceed the whole cache are refused (400).
+//! Timing is deterministic given the arrival times: steps follow a virtual clock (each
+//! starts exactly where the last ended), so a late wakeup of the mock's thread delays
+//! delivery but never changes the schedule. The seed only picks the filler words.
+//!
+//! Prompt tokens are estimated as Spillway's tracked load does: bytes of the `messages`
+//! or `prompt` value / 4, at least 1.
+
+#![forbid(unsafe_code)]
+
+mod clock;
+mod http;
+pub mod metrics;
+pub mod openai;
+pub mod push;
+mod reader;
+mod rng;
+mod server;
+pub mod sim;
+
+use std::io;
+use std::net::SocketAddr;
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::thread::JoinHandle;
+
+use sim::EngineConfig;
+
+/// Defaults: a small GPU serving a small model (one vLLM engine, default scheduler limits).
+pub mod defaults {
+    use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+
+    /// vLLM's port.
+    pub const LISTEN: SocketAddr = SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), 8000);
+    pub const MODEL: &str = "mock-model";
+    pub const SEED: u64 = 0;
+    /// 2048 × 16 = 32k tokens of KV cache.
+    pub const KV_BLOCKS: u64 = 2048;
+    pub const BLOCK_SIZE: u32 = 16;
+    pub const MAX_NUM_SEQS: u32 = 64;
+    pub const MAX_NUM_BATCHED_TOKENS: u32 = 2048;
+    pub const PREFILL_TOKENS_PER_S: f64 = 20_000.0;
+    /// About 120 tokens/s for a lone sequence.
+    pub const DECODE_STEP_BASE_MS: f64 = 8.0;
+    /// A full batch of 64 takes 24 ms a step: ~2,700 tokens/s in all.
+    pub const DECODE_STEP_PER_SEQ_MS: f64 = 0.25;
+    pub const DEFAULT_MAX_TOKENS: u32 = 128;
+    pub const PUSH_INTERVAL_MS: u64 = 100;
+}
+
+/// The mock engine's settings. [`Default`] looks like a small GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MockConfig {
+    /// Where to serve HTTP; port 0 picks a free port (see [`MockHandle::addr`]).
+    pub listen: SocketAddr,
+    /// The served model name; requests naming another model get 404.
+    pub model: String,
+    /// Seeds the generated text (the timing does not depend on it).
+    pub seed: u64,
+    /// KV-cache size in blocks (vLLM's `num_gpu_blocks`).
+    pub kv_blocks: u64,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    /// Most sequences running (in the batch) at once.
+    pub max_num_seqs: u32,
+    /// Token budget of one step: decode tokens plus prefill chunks.
+    pub max_num_batched_tokens: u32,
+    /// Prefill throughput: prompt tokens computed per second of step time.
+    pub prefill_tokens_per_s: f64,
+    /// Fixed cost of every step, in milliseconds.
+    pub decode_step_base_ms: f64,
+    /// Added cost per sequence in the step's batch, in milliseconds.
+    pub decode_step_per_seq_ms: f64,
+    /// `max_tokens` of requests that do not set one.
+    pub default_max_tokens: u32,
+    /// A Spillway admin base URL (`http://127.0.0.1:9090`): load events go to `{url}/load`.
+    pub push_load: Option<String>,
+    /// `worker_id` of pushed events; default: the `host:port` the mock listens on, which
+    /// is Spillway's default worker name for that URL (set it when listening on 0.0.0.0).
+    pub worker_name: Option<String>,
+    /// How often load is pushed.
+    pub push_interval_ms: u64,
+}
+
+impl Default for MockConfig {
+    fn default() -> Self {
+        use defaults::*;
+        MockConfig {
+            listen: LISTEN,
+            model: MODEL.to_string(),
+            seed: SEED,
+            kv_blocks: KV_BLOCKS,
+            block_size: BLOCK_SIZE,
+            max_num_seqs: MAX_NUM_SEQS,
+            max_num_batched_tokens: MAX_NUM_BATCHED_TOKENS,
+            prefill_tokens_per_s: PREFILL_TOKENS_PER_S,
+            decode_step_base_ms: DECODE_STEP_BASE_MS,
+            decode_step_per_seq_ms: DECODE_STEP_PER_SEQ_MS,
+            default_max_tokens: DEFAULT_MAX_TOKENS,
+            push_load: None,
+            worker_name: None,
+            push_interval_ms: PUSH_INTERVAL_MS,
+        }
+    }
+}
+
+impl MockConfig {
+    /// The simulator's part of the settings.
+    pub fn engine(&self) -> EngineConfig {
+        EngineConfig {
+            kv_blocks: self.kv_blocks,
+            block_size: self.block_size,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            prefill_tokens_per_s: self.prefill_tokens_per_s,
+            decode_step_base_ms: self.decode_step_base_ms,
+            decode_step_per_seq_ms: self.decode_step_per_seq_ms,
+        }
+    }
+}
+
+/// A running mock engine. Dropping it stops the engine and joins its thread.
+#[derive(Debug)]
+pub struct MockHandle {
+    /// The address it serves on (the real port when `listen` had port 0).
+    pub addr: SocketAddr,
+    stop: StdUnixStream,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl MockHandle {
+    /// The base URL, `http://addr`.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Stops serving (in-flight requests are cut) and waits for the thread.
+    pub fn shutdown(mut self) {
+        self.stop();
+    }
+
+    fn stop(&mut self) {
+        use std::io::Write as _;
+        let _ = (&self.stop).write_all(b"x");
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for MockHandle {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+/// Validates `cfg`, binds, and starts the mock engine on its own thread.
+pub fn start(cfg: MockConfig) -> io::Result<MockHandle> {
+    let invalid = |msg: String| io::Error::new(io::ErrorKind::InvalidInput, msg);
+    let engine = cfg.engine();
+    engine.validate().map_err(invalid)?;
+    if cfg.default_max_tokens == 0 {
+        return Err(invalid("default_max_tokens must be at least 1".into()));
+    }
+    let listener = server::bind(cfg.listen)?;
+    let addr = listener.local_addr()?;
+    let push = match &cfg.push_load {
+        Some(url) => {
+            let target = push::Target::resolve(url).map_err(invalid)?;
+            let worker = cfg.worker_name.clone().unwrap_or_else(|| addr.to_string());
+            Some((target, worker))
+        }
+        None => None,
+    };
+    let (stop, stop_rx) = StdUnixStream::pair()?;
+    stop_rx.set_nonblocking(true)?;
+    tracing::info!(
+        %addr,
+        model = %cfg.model,
+        kv_blocks = cfg.kv_blocks,
+        block_size = cfg.block_size,
+        max_num_seqs = cfg.max_num_seqs,
+        max_num_batched_tokens = cfg.max_num_batched_tokens,
+        push_load = cfg.push_load.as_deref().unwrap_or("off"),
+        "mock engine serving"
+    );
+    let thread = std::thread::Builder::new()
+        .name("spillway-mock".into())
+        .spawn(move || server::run(cfg, engine, listener, stop_rx, push))?;
+    Ok(MockHandle {
+        addr,
+        stop,
+        thread: Some(thread),
+    })
+}

@@ -1,0 +1,248 @@
+//! One client connection: read a request, decide what it asks for, answer it (or run its
+//! generation, in `generate.rs`), and go on while keep-alive lasts.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use monoio::io::{AsyncWriteRentExt, Splitable};
+use monoio::net::TcpStream;
+use monoio::net::tcp::TcpOwnedWriteHalf;
+
+use super::Mock;
+use crate::clock;
+use crate::http::{self, HttpError, INITIAL_READ_BUF, Method, RequestHead, parse_request};
+use crate::openai::{self, Api, ApiError, Generate};
+use crate::reader::Reader;
+
+/// Idle keep-alive connections close after this long: uvicorn's default, which vLLM and
+/// SGLang run under (Spillway's pool closes its idle connections before that).
+const KEEP_ALIVE_IDLE: Duration = Duration::from_secs(5);
+const MAX_HEAD_BYTES: usize = 16 * 1024;
+const MAX_BODY_BYTES: u64 = 32 * 1024 * 1024;
+
+pub async fn serve(mock: Rc<Mock>, stream: TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let (read_half, writer) = stream.into_split();
+    let mut conn = Conn {
+        mock,
+        reader: Reader::new(read_half, Vec::with_capacity(INITIAL_READ_BUF)),
+        writer,
+        out: Vec::with_capacity(4096),
+        event: Vec::with_capacity(512),
+    };
+    conn.run().await;
+}
+
+pub(super) struct Conn {
+    pub(super) mock: Rc<Mock>,
+    pub(super) reader: Reader,
+    writer: TcpOwnedWriteHalf,
+    /// What the next write sends.
+    pub(super) out: Vec<u8>,
+    /// One event being rendered, before chunk framing.
+    pub(super) event: Vec<u8>,
+}
+
+/// What a request asks for, decided before its bytes leave the read buffer.
+enum Action {
+    Reply {
+        status: u16,
+        content_type: &'static str,
+        body: Vec<u8>,
+    },
+    Generate(Generate),
+}
+
+impl Action {
+    fn error(e: ApiError) -> Action {
+        Action::Reply {
+            status: e.status,
+            content_type: "application/json",
+            body: e.body(),
+        }
+    }
+
+    fn method_not_allowed() -> Action {
+        Action::error(ApiError {
+            status: 405,
+            kind: "MethodNotAllowed",
+            message: "Method Not Allowed".into(),
+        })
+    }
+}
+
+impl Conn {
+    async fn run(&mut self) {
+        loop {
+            let (head, total) = match self.read_request().await {
+                Ok(Some(request)) => request,
+                Ok(None) => return,
+                Err(e) => {
+                    let status = e.status();
+                    let body = ApiError {
+                        status,
+                        kind: http::canonical_reason(status),
+                        message: e.to_string(),
+                    }
+                    .body();
+                    self.reply(status, "application/json", &body, false, true);
+                    let _ = self.flush().await;
+                    return;
+                }
+            };
+            // HTTP/1.0 keep-alive is not worth its special cases here: such clients get a close.
+            let keep = head.keep_alive && head.minor_version == 1;
+            let with_body = head.method != Method::Head;
+            let action = self.decide(&head, &self.reader.buf()[head.head_len..total]);
+            self.reader.consume(total, INITIAL_READ_BUF);
+            let keep = match action {
+                Action::Reply {
+                    status,
+                    content_type,
+                    body,
+                } => {
+                    self.reply(status, content_type, &body, keep, with_body);
+                    self.flush().await && keep
+                }
+                Action::Generate(g) => self.generate(g, head.minor_version == 1, keep).await,
+            };
+            if !keep {
+                return;
+            }
+        }
+    }
+
+    /// Reads one request head and its Content-Length body; returns the head and the
+    /// request's length. `None`: the client closed or idled out between requests.
+    async fn read_request(&mut self) -> Result<Option<(RequestHead, usize)>, HttpError> {
+        let head = loop {
+            let buf = self.reader.buf();
+            if !buf.is_empty()
+                && !self.reader.is_reading()
+                && let Some(head) = parse_request(buf, MAX_HEAD_BYTES, MAX_BODY_BYTES)?
+            {
+                break head;
+            }
+            if !self.fill().await {
+                return Ok(None);
+            }
+        };
+        let total = head.head_len + head.content_length as usize;
+        self.reader.reserve_total(total);
+        if head.expect_continue && self.reader.buf().len() < total {
+            self.out.clear();
+            self.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
+            if !self.flush().await {
+                return Ok(None);
+            }
+        }
+        while self.reader.buf().len() < total {
+            if !self.fill().await {
+                return Ok(None);
+            }
+        }
+        Ok(Some((head, total)))
+    }
+
+    /// Reads more of the request; false when the client closed, failed or idled out.
+    async fn fill(&mut self) -> bool {
+        matches!(
+            monoio::time::timeout(KEEP_ALIVE_IDLE, self.reader.fill()).await,
+            Ok(Ok(n)) if n > 0
+        )
+    }
+
+    fn decide(&self, head: &RequestHead, body: &[u8]) -> Action {
+        let cfg = &self.mock.cfg;
+        let method = head.method;
+        let read_only = matches!(method, Method::Get | Method::Head);
+        let api = match head.path.as_str() {
+            "/v1/chat/completions" => Api::Chat,
+            "/v1/completions" => Api::Completions,
+            "/health" if read_only => {
+                return Action::Reply {
+                    status: 200,
+                    content_type: "text/plain; charset=utf-8",
+                    body: Vec::new(),
+                };
+            }
+            "/metrics" if read_only => {
+                let mut text = String::with_capacity(2048);
+                crate::metrics::render(
+                    &mut text,
+                    &cfg.model,
+                    &self.mock.engine_cfg,
+                    &self.mock.load(),
+                );
+                return Action::Reply {
+                    status: 200,
+                    content_type: "text/plain; version=0.0.4; charset=utf-8",
+                    body: text.into_bytes(),
+                };
+            }
+            "/v1/models" if read_only => {
+                let mut body = Vec::with_capacity(256);
+                openai::models(&mut body, &self.mock.model_json, clock::unix_secs());
+                return Action::Reply {
+                    status: 200,
+                    content_type: "application/json",
+                    body,
+                };
+            }
+            "/health" | "/metrics" | "/v1/models" => return Action::method_not_allowed(),
+            _ => return Action::error(ApiError::not_found("Not Found")),
+        };
+        if method != Method::Post {
+            return Action::method_not_allowed();
+        }
+        match openai::parse(api, body, &cfg.model, cfg.default_max_tokens) {
+            Ok(g) => Action::Generate(g),
+            Err(e) => Action::error(e),
+        }
+    }
+
+    /// Renders one event with `f` and appends it to the output as its own chunk.
+    pub(super) fn event(&mut self, chunked: bool, f: impl FnOnce(&mut Vec<u8>)) {
+        self.event.clear();
+        f(&mut self.event);
+        if chunked {
+            http::chunk(&mut self.out, &self.event);
+        } else {
+            self.out.extend_from_slice(&self.event);
+        }
+    }
+
+    /// A complete response with a Content-Length body, in `out`.
+    pub(super) fn reply(
+        &mut self,
+        status: u16,
+        content_type: &str,
+        body: &[u8],
+        keep_alive: bool,
+        with_body: bool,
+    ) {
+        self.out.clear();
+        http::response_head(
+            &mut self.out,
+            status,
+            content_type,
+            Some(body.len()),
+            true,
+            keep_alive,
+        );
+        if with_body {
+            self.out.extend_from_slice(body);
+        }
+    }
+
+    /// Writes `out`; false when the client is gone.
+    pub(super) async fn flush(&mut self) -> bool {
+        if self.out.is_empty() {
+            return true;
+        }
+        let (res, buf) = self.writer.write_all(std::mem::take(&mut self.out)).await;
+        self.out = buf;
+        self.out.clear();
+        res.is_ok()
+    }
+}

@@ -1,0 +1,178 @@
+//! Addresses as the file writes them (`host:port`, `http://host:port`), parsed without
+//! resolving anything: validation is pure. Names are resolved later, off the cores and
+//! off the monitor's loop ([`crate::runtime::resolve`]), into [`Addrs`].
+
+use std::fmt;
+use std::net::{IpAddr, SocketAddr};
+
+use super::Config;
+
+/// A host (name or IP literal) and a port.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct HostPort {
+    pub host: String,
+    pub port: u16,
+}
+
+impl HostPort {
+    /// `host:port`, `[v6]:port` or an IP socket address; no DNS.
+    pub fn parse(text: &str) -> Result<HostPort, String> {
+        if let Ok(a) = text.parse::<SocketAddr>() {
+            return Ok(HostPort {
+                host: a.ip().to_string(),
+                port: a.port(),
+            });
+        }
+        let bad = || format!("`{text}` is not a host:port address");
+        let (host, port) = text.rsplit_once(':').ok_or_else(bad)?;
+        let port = port.parse::<u16>().map_err(|_| bad())?;
+        if host.is_empty() || host.contains([':', '/', ' ', '[', ']']) {
+            return Err(bad());
+        }
+        Ok(HostPort {
+            host: host.to_string(),
+            port,
+        })
+    }
+
+    /// The socket address when the host is an IP literal (nothing to resolve).
+    pub fn literal(&self) -> Option<SocketAddr> {
+        let ip: IpAddr = self.host.parse().ok()?;
+        Some(SocketAddr::new(ip, self.port))
+    }
+}
+
+impl std::str::FromStr for HostPort {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<HostPort, String> {
+        HostPort::parse(text)
+    }
+}
+
+impl fmt::Display for HostPort {
+    /// As a `Host` header or URL authority writes it (IPv6 in brackets).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.host.contains(':') {
+            write!(f, "[{}]:{}", self.host, self.port)
+        } else {
+            write!(f, "{}:{}", self.host, self.port)
+        }
+    }
+}
+
+impl serde::Serialize for HostPort {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+/// `http://host:port[/]` → its host and port. HTTPS and base paths are refused with a
+/// reason.
+pub fn parse_http_url(url: &str) -> Result<HostPort, String> {
+    let uri: http::Uri = url
+        .parse()
+        .map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+    match uri.scheme_str() {
+        Some("http") => {}
+        Some("https") => {
+            return Err(format!(
+                "`{url}`: https upstreams are not supported (use http)"
+            ));
+        }
+        _ => return Err(format!("`{url}` must start with http://")),
+    }
+    if uri.path() != "/" && !uri.path().is_empty() {
+        return Err(format!(
+            "`{url}`: a base path is not supported; requests keep their own path"
+        ));
+    }
+    if uri.query().is_some() {
+        return Err(format!("`{url}`: a query string is not supported"));
+    }
+    let host = uri.host().ok_or_else(|| format!("`{url}` has no host"))?;
+    Ok(HostPort {
+        host: host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string(),
+        port: uri.port_u16().unwrap_or(80),
+    })
+}
+
+/// The socket addresses of one configuration: its listeners and, in
+/// [`Config::workers`] order, each worker's and its metrics endpoint's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Addrs {
+    pub listen: SocketAddr,
+    pub admin_listen: SocketAddr,
+    pub workers: Vec<WorkerAddrs>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkerAddrs {
+    pub addr: SocketAddr,
+    pub metrics: SocketAddr,
+}
+
+impl Addrs {
+    /// The addresses of a configuration that names only IP literals (tests, benches);
+    /// `None` when a name needs resolving.
+    pub fn literals(config: &Config) -> Option<Addrs> {
+        Addrs::with(config, |hp| hp.literal().ok_or(())).ok()
+    }
+
+    /// Builds the addresses with `lookup` for each endpoint, stopping at its first error.
+    pub fn with<E>(
+        config: &Config,
+        mut lookup: impl FnMut(&HostPort) -> Result<SocketAddr, E>,
+    ) -> Result<Addrs, E> {
+        let mut workers = Vec::with_capacity(config.workers.len());
+        for w in &config.workers {
+            workers.push(WorkerAddrs {
+                addr: lookup(&w.endpoint)?,
+                metrics: lookup(&w.metrics)?,
+            });
+        }
+        Ok(Addrs {
+            listen: lookup(&config.listen)?,
+            admin_listen: lookup(&config.admin_listen)?,
+            workers,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_port_forms() {
+        let hp = HostPort::parse("127.0.0.1:80").unwrap();
+        assert_eq!(hp.literal(), Some("127.0.0.1:80".parse().unwrap()));
+        let hp = HostPort::parse("[::1]:8000").unwrap();
+        assert_eq!(hp.host, "::1");
+        assert_eq!(hp.to_string(), "[::1]:8000");
+        let hp = HostPort::parse("engine.local:9000").unwrap();
+        assert_eq!(
+            (hp.host.as_str(), hp.port, hp.literal()),
+            ("engine.local", 9000, None)
+        );
+        for bad in ["nope", "host:", ":80", "a:b:c", "h:99999", "h/x:1"] {
+            assert!(HostPort::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn http_urls() {
+        assert_eq!(
+            parse_http_url("http://[::1]:81/").unwrap().to_string(),
+            "[::1]:81"
+        );
+        assert_eq!(parse_http_url("http://w").unwrap().port, 80);
+        assert!(parse_http_url("https://w").is_err());
+        assert!(parse_http_url("http://w/base").is_err());
+        assert!(parse_http_url("http://w/?q").is_err());
+        assert!(parse_http_url("w:1").is_err());
+    }
+}

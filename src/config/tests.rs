@@ -1,0 +1,144 @@
+use super::*;
+
+fn parse(text: &str) -> Result<Config, ConfigError> {
+    Config::parse(text, &Overrides::default())
+}
+
+const MIN: &str = "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:8001\"\n";
+
+#[test]
+fn documented_example_is_valid() {
+    let c = parse(EXAMPLE_CONFIG).unwrap();
+    assert!(!c.models.is_empty());
+}
+
+#[test]
+fn minimal_defaults() {
+    let c = parse(MIN).unwrap();
+    assert_eq!(c.listen.to_string(), "127.0.0.1:8000");
+    assert_eq!(c.admin_listen.to_string(), "127.0.0.1:9090");
+    assert_eq!(c.overload_status_code, 529);
+    assert_eq!(c.limits, Limits::default());
+    assert_eq!(c.workers[0].name, "127.0.0.1:8001");
+    assert_eq!(c.models[0].router_mode, RouterMode::RoundRobin);
+    assert!(c.cores >= 1);
+}
+
+#[test]
+fn errors_name_key_and_line() {
+    let cases: &[(&str, &str)] = &[
+        ("bogus = 1\n", "unknown field `bogus`"),
+        ("[limits]\nmax_body_bytes = \"x\"\n", "line 2"),
+        (
+            "[limits]\nmax_body_bytes = 0\n",
+            "limits.max_body_bytes (line 2): must be greater than 0",
+        ),
+        ("listen = \"nope\"\n", "listen (line 1)"),
+        (
+            "[[models]]\nname = \"m\"\nrouter_mode = \"kv\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
+            "models[0].router_mode (line 3): unknown router mode `kv`",
+        ),
+        (
+            "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"https://127.0.0.1:1\"\n",
+            "models[0].workers[0].url (line 4): `https://127.0.0.1:1`: https upstreams are not supported",
+        ),
+        (
+            "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1/base\"\n",
+            "a base path is not supported",
+        ),
+        (
+            "[[models]]\nname = \"m\"\n",
+            "models[0].workers (line 2): model `m` has no workers",
+        ),
+        (
+            "[[models]]\nname = \"m\"\nactive_decode_blocks_threshold = 1.5\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
+            "(line 3): active_decode_blocks_threshold must be between 0.0 and 1.0, got 1.5",
+        ),
+        (
+            "overload_status_code = 150\n",
+            "overload_status_code (line 1): must be between 200 and 999, got 150",
+        ),
+        (
+            "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\nengine_request_limit = 2\nrequest_queue_limit = 1\n",
+            "models[0].workers[0].request_queue_limit (line 6): must be at least 2, got 1",
+        ),
+        (
+            "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\nengine_request_limit = 0\n",
+            "models[0].workers[0].engine_request_limit (line 5): must be at least 1",
+        ),
+        (
+            "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
+            "listed twice",
+        ),
+        (
+            "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\nname = \"w\"\n[[models]]\nname = \"n\"\n[[models.workers]]\nurl = \"http://127.0.0.1:2\"\nname = \"w\"\n",
+            "worker name `w` is already used",
+        ),
+    ];
+    for (text, want) in cases {
+        let err = parse(text).unwrap_err().to_string();
+        assert!(err.contains(want), "{text:?}\n  got: {err}\n  want: {want}");
+    }
+}
+
+#[test]
+fn shared_worker_is_one_worker() {
+    let c = parse("[[models]]\nname = \"a\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n[[models]]\nname = \"b\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n").unwrap();
+    assert_eq!(c.workers.len(), 1);
+    assert_eq!(c.models[1].workers, vec![0]);
+}
+
+#[test]
+fn overload_status_env_rules() {
+    for (v, want) in [
+        ("503", 503),
+        (" 429 ", 429),
+        ("200", 200),
+        ("999", 999),
+        ("", 529),
+        ("abc", 529),
+        ("100", 529),
+        ("199", 529),
+        ("99", 529),
+        ("1000", 529),
+        ("-1", 529),
+    ] {
+        assert_eq!(parse_overload_status_env(v), want, "{v:?}");
+    }
+    let o = Overrides {
+        overload_status_env: Some("503".into()),
+        ..Overrides::default()
+    };
+    let c = Config::parse(&format!("overload_status_code = 429\n{MIN}"), &o).unwrap();
+    assert_eq!(c.overload_status_code, 503);
+    let c = parse(&format!("overload_status_code = 429\n{MIN}")).unwrap();
+    assert_eq!(c.overload_status_code, 429);
+}
+
+#[test]
+fn overrides_fill_in_where_file_is_silent() {
+    let o = Overrides {
+        thresholds: Thresholds {
+            active_decode_blocks_threshold: Some(0.5),
+            active_prefill_tokens_threshold: Some(10),
+            ..Thresholds::default()
+        },
+        router_mode: Some(RouterMode::Random),
+        track_output_blocks: Some(true),
+        ..Overrides::default()
+    };
+    let text = "[[models]]\nname = \"m\"\nactive_decode_blocks_threshold = 0.9\nrouter_mode = \"direct\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n";
+    let c = Config::parse(text, &o).unwrap();
+    let m = &c.models[0];
+    assert_eq!(m.thresholds.active_decode_blocks_threshold, Some(0.9));
+    assert_eq!(m.thresholds.active_prefill_tokens_threshold, Some(10));
+    assert_eq!(m.router_mode, RouterMode::Direct);
+    assert!(m.track_output_blocks);
+}
+
+#[test]
+fn effective_config_round_trips_through_toml() {
+    let c = parse(EXAMPLE_CONFIG).unwrap();
+    let text = c.to_toml();
+    assert!(text.contains("listen = \"127.0.0.1:8000\""), "{text}");
+}

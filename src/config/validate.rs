@@ -1,0 +1,219 @@
+//! The file's top level and `[limits]` checked into a [`Config`]; models and workers are in
+//! `workers.rs`. Errors name the key and, where the file has a position for it, the line.
+
+use std::ops::Range;
+
+use toml::Spanned;
+
+use super::file::{FileConfig, FileLimits};
+use super::*;
+
+pub(super) struct Validator<'a> {
+    text: &'a str,
+}
+
+impl<'a> Validator<'a> {
+    pub(super) fn new(text: &'a str) -> Validator<'a> {
+        Validator { text }
+    }
+
+    fn line(&self, span: Range<usize>) -> usize {
+        self.text
+            .get(..span.start)
+            .map_or(0, |t| t.bytes().filter(|&b| b == b'\n').count())
+            + 1
+    }
+
+    pub(super) fn err<T>(
+        &self,
+        key: impl Into<String>,
+        span: Option<Range<usize>>,
+        msg: impl Into<String>,
+    ) -> Result<T, ConfigError> {
+        Err(ConfigError::Invalid {
+            key: key.into(),
+            line: span.map(|s| self.line(s)),
+            msg: msg.into(),
+        })
+    }
+
+    pub(super) fn positive<T: Copy + PartialOrd + Default>(
+        &self,
+        key: &str,
+        v: &Option<Spanned<T>>,
+        default: T,
+    ) -> Result<T, ConfigError> {
+        match v {
+            Some(s) if *s.get_ref() <= T::default() => {
+                self.err(key, Some(s.span()), "must be greater than 0")
+            }
+            Some(s) => Ok(*s.get_ref()),
+            None => Ok(default),
+        }
+    }
+
+    fn host_port(
+        &self,
+        key: &str,
+        v: &Option<Spanned<String>>,
+        default: &str,
+    ) -> Result<HostPort, ConfigError> {
+        match v {
+            Some(s) => {
+                HostPort::parse(s.get_ref()).or_else(|msg| self.err(key, Some(s.span()), msg))
+            }
+            None => HostPort::parse(default).or_else(|msg| self.err(key, None, msg)),
+        }
+    }
+
+    pub(super) fn config(&self, f: FileConfig, o: &Overrides) -> Result<Config, ConfigError> {
+        let (cores, cpus) = self.cores(&f)?;
+        let (models, workers) = self.models(&f.models, o)?;
+        Ok(Config {
+            listen: self.host_port("listen", &f.listen, DEFAULT_LISTEN)?,
+            admin_listen: self.host_port("admin_listen", &f.admin_listen, DEFAULT_ADMIN_LISTEN)?,
+            cores,
+            cpus,
+            monitor_cpu: f.monitor_cpu,
+            pin_cores: f.pin_cores.unwrap_or(true),
+            overload_status_code: self.overload_status(&f, o)?,
+            retry_after_secs: f.retry_after_secs.unwrap_or(DEFAULT_RETRY_AFTER_SECS),
+            load_staleness_ms: self.positive(
+                "load_staleness_ms",
+                &f.load_staleness_ms,
+                DEFAULT_LOAD_STALENESS_MS,
+            )?,
+            scrape_interval_ms: self.positive(
+                "scrape_interval_ms",
+                &f.scrape_interval_ms,
+                DEFAULT_SCRAPE_INTERVAL_MS,
+            )?,
+            monitor_interval_ms: self.positive(
+                "monitor_interval_ms",
+                &f.monitor_interval_ms,
+                DEFAULT_MONITOR_INTERVAL_MS,
+            )?,
+            migration_limit: f
+                .migration_limit
+                .or(o.migration_limit)
+                .unwrap_or(DEFAULT_MIGRATION_LIMIT),
+            drain_grace_ms: f.drain_grace_ms.unwrap_or(DEFAULT_DRAIN_GRACE_MS),
+            drain_timeout_ms: f.drain_timeout_ms.unwrap_or(DEFAULT_DRAIN_TIMEOUT_MS),
+            admin_token: self.admin_token(&f, o)?,
+            limits: self.limits(&f.limits)?,
+            models,
+            workers,
+        })
+    }
+
+    fn cores(&self, f: &FileConfig) -> Result<(usize, Vec<usize>), ConfigError> {
+        let cores = match f.cores {
+            None | Some(0) => default_cores(),
+            Some(n) => n,
+        };
+        let cpus = f.cpus.clone().unwrap_or_default();
+        if !cpus.is_empty() && cpus.len() != cores {
+            return self.err(
+                "cpus",
+                None,
+                format!("lists {} CPUs for {cores} cores", cpus.len()),
+            );
+        }
+        Ok((cores, cpus))
+    }
+
+    /// The environment's `DYN_HTTP_OVERLOAD_STATUS_CODE` (Dynamo's lenient parse) wins
+    /// over the file (strict: a bad value is an error).
+    fn overload_status(&self, f: &FileConfig, o: &Overrides) -> Result<u16, ConfigError> {
+        match (&o.overload_status_env, &f.overload_status_code) {
+            (Some(env), _) => Ok(parse_overload_status_env(env)),
+            (None, Some(code)) if !(200..=999).contains(code.get_ref()) => self.err(
+                "overload_status_code",
+                Some(code.span()),
+                format!("must be between 200 and 999, got {}", code.get_ref()),
+            ),
+            (None, Some(code)) => Ok(*code.get_ref()),
+            (None, None) => Ok(DEFAULT_OVERLOAD_STATUS),
+        }
+    }
+
+    fn admin_token(&self, f: &FileConfig, o: &Overrides) -> Result<Option<String>, ConfigError> {
+        match (&o.admin_token_env, &f.admin_token) {
+            (Some(t), _) if !t.trim().is_empty() => Ok(Some(t.trim().to_string())),
+            (_, Some(t)) if t.get_ref().trim().is_empty() => self.err(
+                "admin_token",
+                Some(t.span()),
+                "must not be empty (remove the key for no token)",
+            ),
+            (_, Some(t)) => Ok(Some(t.get_ref().trim().to_string())),
+            (_, None) => Ok(None),
+        }
+    }
+
+    fn limits(&self, l: &FileLimits) -> Result<Limits, ConfigError> {
+        let d = Limits::default();
+        let ms = |key: &str, v: &Option<Spanned<u64>>, default: u64| {
+            self.positive(&format!("limits.{key}"), v, default)
+        };
+        let limits = Limits {
+            max_header_bytes: self.positive(
+                "limits.max_header_bytes",
+                &l.max_header_bytes,
+                d.max_header_bytes,
+            )?,
+            max_body_bytes: self.positive(
+                "limits.max_body_bytes",
+                &l.max_body_bytes,
+                d.max_body_bytes,
+            )?,
+            header_read_timeout_ms: ms(
+                "header_read_timeout_ms",
+                &l.header_read_timeout_ms,
+                d.header_read_timeout_ms,
+            )?,
+            body_read_timeout_ms: ms(
+                "body_read_timeout_ms",
+                &l.body_read_timeout_ms,
+                d.body_read_timeout_ms,
+            )?,
+            idle_timeout_ms: ms("idle_timeout_ms", &l.idle_timeout_ms, d.idle_timeout_ms)?,
+            connect_timeout_ms: ms(
+                "connect_timeout_ms",
+                &l.connect_timeout_ms,
+                d.connect_timeout_ms,
+            )?,
+            upstream_first_byte_timeout_ms: ms(
+                "upstream_first_byte_timeout_ms",
+                &l.upstream_first_byte_timeout_ms,
+                d.upstream_first_byte_timeout_ms,
+            )?,
+            max_connections: self.positive(
+                "limits.max_connections",
+                &l.max_connections,
+                d.max_connections,
+            )?,
+            pool_idle_timeout_ms: l.pool_idle_timeout_ms.unwrap_or(d.pool_idle_timeout_ms),
+            pool_max_idle_per_worker: l
+                .pool_max_idle_per_worker
+                .unwrap_or(d.pool_max_idle_per_worker),
+            worker_down_backoff_ms: ms(
+                "worker_down_backoff_ms",
+                &l.worker_down_backoff_ms,
+                d.worker_down_backoff_ms,
+            )?,
+            worker_down_backoff_max_ms: ms(
+                "worker_down_backoff_max_ms",
+                &l.worker_down_backoff_max_ms,
+                d.worker_down_backoff_max_ms,
+            )?,
+        };
+        if let Some(s) = l.max_header_bytes.as_ref().filter(|s| *s.get_ref() < 1024) {
+            return self.err(
+                "limits.max_header_bytes",
+                Some(s.span()),
+                "must be at least 1024",
+            );
+        }
+        Ok(limits)
+    }
+}

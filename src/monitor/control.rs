@@ -1,0 +1,169 @@
+//! [`Control`]: the control thread's state (the monitor, the registry of generations,
+//! where the config comes from, reload counts), what admin handlers and signals act on.
+//! Reload is all or nothing: the file is read, validated and its names resolved on the
+//! blocking pool (never in the monitor's loop), then committed with one store.
+
+use std::cell::RefCell;
+use std::collections::HashSet;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::Monitor;
+use crate::config::{Addrs, Config, ConfigError, ConfigSource, Overrides};
+use crate::runtime::clock;
+use crate::runtime::resolve::{ResolveError, resolve};
+use crate::state::{Registry, Shared};
+
+/// Control-thread state shared by the monitor tasks and admin handlers.
+#[derive(Debug)]
+pub struct Control {
+    pub shared: Arc<Shared>,
+    pub registry: Registry,
+    pub source: ConfigSource,
+    pub monitor: Monitor,
+    pub reloads_ok: u64,
+    pub reloads_failed: u64,
+}
+
+/// Commands to the control thread, one byte each on its command socket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Command {
+    Stop = b'x',
+    Reload = b'r',
+    Dump = b'u',
+}
+
+impl Command {
+    pub fn from_byte(b: u8) -> Option<Command> {
+        [Command::Stop, Command::Reload, Command::Dump]
+            .into_iter()
+            .find(|c| *c as u8 == b)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReloadError {
+    #[error("started without --config: there is no file to reload")]
+    NoFile,
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    #[error("`{0}` cannot change on reload; restart Spillway to change it")]
+    Immutable(&'static str),
+    #[error("the reload was cancelled")]
+    Cancelled,
+}
+
+/// Reads, validates and resolves a config file (blocking: file and DNS).
+fn load(path: &Path, overrides: &Overrides) -> Result<(Config, Addrs), ReloadError> {
+    let config = Config::load(path, overrides)?;
+    let addrs = resolve(&config)?;
+    Ok((config, addrs))
+}
+
+/// Reload (SIGHUP, `POST /reload`): the file is loaded off the loop, then committed; the
+/// outcome is logged and counted either way. Returns the new generation.
+pub async fn reload(control: &RefCell<Control>) -> Result<u64, ReloadError> {
+    let source = control.borrow().source.clone();
+    let result = match source.path {
+        None => Err(ReloadError::NoFile),
+        Some(path) => {
+            let loaded = monoio::spawn_blocking(move || load(&path, &source.overrides)).await;
+            match loaded {
+                Ok(Ok((config, addrs))) => control.borrow_mut().commit(config, &addrs),
+                Ok(Err(e)) => Err(e),
+                Err(_) => Err(ReloadError::Cancelled),
+            }
+        }
+    };
+    let mut c = control.borrow_mut();
+    match &result {
+        Ok(generation) => {
+            c.reloads_ok += 1;
+            tracing::info!(generation, "configuration reloaded");
+        }
+        Err(e) => {
+            c.reloads_failed += 1;
+            tracing::error!(error = %e, "configuration reload failed; the running configuration is unchanged");
+        }
+    }
+    result
+}
+
+/// Settings that only a restart can change.
+fn immutable_change(next: &Config, was: &Config) -> Option<&'static str> {
+    let fixed: [(&'static str, bool); 6] = [
+        ("listen", next.listen == was.listen),
+        ("admin_listen", next.admin_listen == was.admin_listen),
+        ("cores", next.cores == was.cores),
+        ("cpus", next.cpus == was.cpus),
+        ("monitor_cpu", next.monitor_cpu == was.monitor_cpu),
+        ("pin_cores", next.pin_cores == was.pin_cores),
+    ];
+    fixed.iter().find(|(_, same)| !same).map(|(key, _)| *key)
+}
+
+/// Model names and `name=url` of workers, to log what a reload changed.
+fn names(c: &Config) -> (HashSet<String>, HashSet<String>) {
+    (
+        c.models.iter().map(|m| m.name.clone()).collect(),
+        c.workers
+            .iter()
+            .map(|w| format!("{}={}", w.name, w.url))
+            .collect(),
+    )
+}
+
+fn diff(a: &HashSet<String>, b: &HashSet<String>) -> Vec<String> {
+    let mut v: Vec<_> = a.difference(b).cloned().collect();
+    v.sort();
+    v
+}
+
+impl Control {
+    /// Re-evaluates and publishes now (after a push, a threshold change, a scrape).
+    pub fn republish(&mut self) -> bool {
+        let snap = self.shared.snapshot.load_full();
+        let now = clock::now_ms();
+        self.monitor.refresh_tracked(&snap, now);
+        self.monitor.publish(&self.shared, &snap, now)
+    }
+
+    /// Commits a loaded configuration: refuses changes that need a restart, builds the
+    /// next snapshot (unchanged workers keep pools, load, busy state and slots), switches
+    /// every core to it with one store and republishes. Requests in flight finish on the
+    /// snapshot they started with. On error nothing changes.
+    pub fn commit(&mut self, next: Config, addrs: &Addrs) -> Result<u64, ReloadError> {
+        let old = self.shared.snapshot.load_full();
+        if let Some(key) = immutable_change(&next, &old.config) {
+            return Err(ReloadError::Immutable(key));
+        }
+        let ((old_models, old_workers), (new_models, new_workers)) =
+            (names(&old.config), names(&next));
+        let snap = Arc::new(self.registry.build(next, addrs));
+        self.monitor.on_reload(&snap);
+        self.shared.snapshot.store(snap.clone());
+        self.republish();
+        tracing::info!(
+            generation = snap.generation,
+            models_added = ?diff(&new_models, &old_models),
+            models_removed = ?diff(&old_models, &new_models),
+            workers_added = ?diff(&new_workers, &old_workers),
+            workers_removed = ?diff(&old_workers, &new_workers),
+            "new configuration committed on every core"
+        );
+        Ok(snap.generation)
+    }
+
+    /// Logs the monitor's view of every worker (SIGUSR1).
+    pub fn dump(&self) {
+        let snap = self.shared.snapshot.load_full();
+        let published = self.monitor.published();
+        tracing::info!(generation = snap.generation, busy_set = published.generation, stats = %self.shared.stats(), "state dump");
+        for w in self.monitor.report(&snap, clock::now_ms()) {
+            w.log();
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! What the monitor believes about each worker: `GET /load` serves it as JSON, SIGUSR1
+//! logs it.
+
+use super::Monitor;
+use super::load::WorkerLoad;
+use crate::config::LoadSources;
+use crate::shed::RankLoad;
+use crate::state::{Snapshot, Worker};
+
+#[derive(Debug, serde::Serialize)]
+pub struct WorkerReport {
+    pub worker_id: String,
+    pub url: String,
+    pub down: bool,
+    /// Models in whose published busy set the worker is.
+    pub busy_in: Vec<String>,
+    pub inflight: u64,
+    pub slots_in_use: u64,
+    /// `engine_request_limit`, when set.
+    pub slots: Option<u32>,
+    pub queued: u64,
+    pub sources: LoadSources,
+    pub last_push_age_ms: Option<u64>,
+    pub last_scrape_age_ms: Option<u64>,
+    pub scrape_error: Option<String>,
+    pub ranks: Vec<RankReport>,
+}
+
+#[derive(Debug, serde::Serialize)]
+pub struct RankReport {
+    pub dp_rank: usize,
+    #[serde(flatten)]
+    pub load: RankLoad,
+}
+
+impl Monitor {
+    /// One report per configured worker, effective loads as the busy rule sees them now.
+    pub fn report(&self, snap: &Snapshot, now: u64) -> Vec<WorkerReport> {
+        snap.workers
+            .iter()
+            .map(|w| self.report_one(snap, w, now))
+            .collect()
+    }
+
+    fn report_one(&self, snap: &Snapshot, w: &Worker, now: u64) -> WorkerReport {
+        let empty = WorkerLoad::default();
+        let load = self.table.workers.get(&w.state.slot).unwrap_or(&empty);
+        let published = self.published();
+        let busy_in = snap
+            .models
+            .iter()
+            .filter(|m| {
+                m.members.iter().any(|mm| {
+                    snap.workers[mm.worker as usize].state.slot == w.state.slot
+                        && published.is_busy(mm.id)
+                })
+            })
+            .map(|m| m.name.to_string())
+            .collect();
+        let (slots_in_use, queued) = w.gate.as_ref().map_or((0, 0), |g| g.occupancy());
+        let staleness = snap.config.load_staleness_ms;
+        WorkerReport {
+            worker_id: w.cfg.name.clone(),
+            url: w.cfg.url.clone(),
+            down: w.state.is_down(now),
+            busy_in,
+            inflight: w.state.inflight_total(),
+            slots_in_use,
+            slots: w.gate.as_ref().map(|g| g.limit()),
+            queued,
+            sources: w.cfg.load_sources,
+            last_push_age_ms: load.last_push.map(|t| now.saturating_sub(t)),
+            last_scrape_age_ms: load.last_scrape.map(|t| now.saturating_sub(t)),
+            scrape_error: load.scrape_error.clone(),
+            ranks: (0..load.dp_size(&w.cfg))
+                .map(|r| RankReport {
+                    dp_rank: r,
+                    load: load.effective(r, &w.cfg, now, staleness),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl WorkerReport {
+    /// One log line for the worker, one per rank.
+    pub fn log(&self) {
+        tracing::info!(
+            worker = %self.worker_id,
+            url = %self.url,
+            down = self.down,
+            busy_in = ?self.busy_in,
+            inflight = self.inflight,
+            slots_in_use = self.slots_in_use,
+            slots = ?self.slots,
+            queued = self.queued,
+            push = self.sources.push,
+            scrape = self.sources.scrape,
+            tracked = self.sources.tracked,
+            push_age_ms = ?self.last_push_age_ms,
+            scrape_age_ms = ?self.last_scrape_age_ms,
+            scrape_error = ?self.scrape_error,
+            "worker"
+        );
+        for r in &self.ranks {
+            tracing::info!(
+                worker = %self.worker_id,
+                rank = r.dp_rank,
+                active_decode_blocks = ?r.load.active_decode_blocks,
+                kv_used_blocks = ?r.load.kv_used_blocks,
+                active_prefill_tokens = ?r.load.active_prefill_tokens,
+                kv_total_blocks = ?r.load.kv_total_blocks,
+                max_num_batched_tokens = ?r.load.max_num_batched_tokens,
+                "rank"
+            );
+        }
+    }
+}

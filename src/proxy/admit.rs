@@ -1,0 +1,41 @@
+//! Stage: admission at the worker's gate (`engine_request_limit`): an engine slot now, a
+//! place in the FIFO queue (waiting while the client is watched), or a refusal that lets
+//! the request migrate.
+
+use std::future::Future;
+use std::time::Duration;
+
+use super::error::{AttemptError, Refusal};
+use super::watch::{Interrupt, Reader, watched};
+use crate::admission::Ticket;
+use crate::runtime::clock;
+use crate::runtime::reader::ReadDone;
+use crate::state::Worker;
+
+/// A ticket holding an engine slot of `worker` (`None`: the worker has no cap). The ticket
+/// gives the slot back when dropped.
+pub(super) async fn admit<'w, F: Future<Output = ReadDone>>(
+    worker: &'w Worker,
+    reader: &mut Reader<'_, F>,
+) -> Result<Option<Ticket<'w>>, AttemptError> {
+    let Some(gate) = worker.gate.as_deref() else {
+        return Ok(None);
+    };
+    let ticket = gate
+        .enter()
+        .ok_or(AttemptError::Refused(Refusal::AtCapacity))?;
+    if ticket.is_ready() {
+        return Ok(Some(ticket));
+    }
+    let wait = Duration::from_millis(worker.cfg.request_queue_timeout_ms);
+    match watched(ticket.ready(), reader, clock::now() + wait).await {
+        Ok(()) => Ok(Some(ticket)),
+        Err(Interrupt::ClientGone) => Err(AttemptError::ClientGone),
+        // The deadline and the turn can come together: a ready ticket goes ahead.
+        Err(Interrupt::Timeout) if ticket.is_ready() => Ok(Some(ticket)),
+        Err(Interrupt::Timeout) => {
+            gate.count_rejection();
+            Err(AttemptError::Refused(Refusal::QueueTimeout))
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! One attempt on one worker, in stage order: admit at its gate → connect or reuse and
+//! send → read the response head → (a refusal ends the attempt here) → relay the body →
+//! give the connection back to the pool. Guards give back the slot and the tracked load
+//! on every path.
+
+use std::future::Future;
+use std::time::Duration;
+
+use super::admit::admit;
+use super::connect::connect_and_send;
+use super::core::CoreCtx;
+use super::error::AttemptError;
+use super::forward::Client;
+use super::guards::Tracked;
+use super::relay::relay;
+use super::request::Outbound;
+use super::response::{read_response_head, refusal};
+use crate::http::response::ResponseHead;
+use crate::http::write::ClientFraming;
+use crate::runtime::clock;
+use crate::runtime::reader::ReadDone;
+use crate::state::Worker;
+
+/// A response relayed whole.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Done {
+    pub keep_alive: bool,
+    pub status: u16,
+}
+
+pub(super) async fn attempt<F: Future<Output = ReadDone>>(
+    ctx: &CoreCtx,
+    c: &mut Client<'_, F>,
+    req: &Outbound<'_>,
+    worker: &Worker,
+) -> Result<Done, AttemptError> {
+    let limits = &req.snap.config.limits;
+    let ticket = admit(worker, &mut c.reader).await?;
+    let mut stream = connect_and_send(ctx, worker, &mut c.io.out, limits).await?;
+    let block_size = worker.cfg.block_size;
+    let mut tracked = Tracked::start(&worker.state, ctx.id, req.prompt_tokens, block_size);
+    let mut resp = ResponseHead::default();
+    read_response_head(c, &mut stream, limits, &mut resp).await?;
+    if let Some(r) = refusal(resp.status, req.snap.config.overload_status_code) {
+        return Err(AttemptError::Refused(r));
+    }
+    let cells = &req.model.metrics.cores[ctx.id];
+    let gap = Duration::from_millis(limits.upstream_first_byte_timeout_ms);
+    let reusable = relay(c, req, cells, &mut stream, &resp, &mut tracked, gap).await?;
+    drop(tracked);
+    drop(ticket);
+    if reusable {
+        let (slot, max_idle) = (worker.state.slot, limits.pool_max_idle_per_worker);
+        ctx.pools
+            .borrow_mut()
+            .put(slot, stream, clock::now_ms(), max_idle);
+    }
+    let framing = ClientFraming::for_response(resp.framing(), req.client_minor);
+    Ok(Done {
+        keep_alive: req.client_keep_alive && framing.allows_keep_alive(),
+        status: resp.status,
+    })
+}

@@ -1,0 +1,103 @@
+//! Stage: read the request body whole (the model is in it), de-chunked in place, bounded
+//! by `max_body_bytes`; each wait for more bytes is bounded by `body_read_timeout_ms`
+//! (then 408 "timed out reading the request body"). `Expect: 100-continue` is answered
+//! first when the body is wanted.
+
+use std::future::Future;
+use std::ops::Range;
+use std::time::Duration;
+
+use monoio::io::AsyncWriteRentExt;
+
+use super::conn::Conn;
+use super::watch::Reader;
+use crate::http::chunked::Dechunker;
+use crate::http::{BodyFraming, HttpError};
+use crate::runtime::reader::ReadDone;
+
+pub(super) enum BodyError {
+    /// The client went away.
+    Closed,
+    Bad(HttpError),
+}
+
+/// A body read whole: its bytes (de-chunked) and where the request's raw bytes end in the
+/// client buffer.
+pub(super) struct Body {
+    pub range: Range<usize>,
+    pub request_end: usize,
+}
+
+impl Conn {
+    /// Invites the body with `100 Continue` when the client waits for it. False: the
+    /// client is gone.
+    pub(super) async fn continue_100<F: Future<Output = ReadDone>>(
+        &mut self,
+        reader: &Reader<'_, F>,
+    ) -> bool {
+        if !self.head.expect_continue || reader.buf().len() > self.head.head_len {
+            return true;
+        }
+        let (res, _) = self
+            .io
+            .writer
+            .write_all(&b"HTTP/1.1 100 Continue\r\n\r\n"[..])
+            .await;
+        res.is_ok()
+    }
+
+    pub(super) async fn read_body<F: Future<Output = ReadDone>>(
+        &mut self,
+        mut reader: Reader<'_, F>,
+    ) -> Result<Body, BodyError> {
+        let limits = &self.snap.config.limits;
+        let head_len = self.head.head_len;
+        let gap = Duration::from_millis(limits.body_read_timeout_ms);
+        let mut dechunker = Dechunker::new(head_len);
+        let total = match self.head.body {
+            BodyFraming::Length(n) => {
+                let total = head_len + n as usize;
+                reader.as_mut().reserve_total(total);
+                Some(total)
+            }
+            BodyFraming::Chunked => None,
+            BodyFraming::None | BodyFraming::UntilClose => {
+                return Ok(Body {
+                    range: head_len..head_len,
+                    request_end: head_len,
+                });
+            }
+        };
+        loop {
+            match total {
+                Some(total) if reader.buf().len() >= total => {
+                    return Ok(Body {
+                        range: head_len..total,
+                        request_end: total,
+                    });
+                }
+                Some(_) => {}
+                None => {
+                    if let Some(buf) = reader.as_mut().buf_mut() {
+                        let filled = buf.len();
+                        match dechunker.decode(buf, filled, head_len + limits.max_body_bytes) {
+                            Ok(true) => {
+                                return Ok(Body {
+                                    range: head_len..dechunker.out,
+                                    request_end: dechunker.raw,
+                                });
+                            }
+                            Ok(false) => {}
+                            Err(e) => return Err(BodyError::Bad(e)),
+                        }
+                    }
+                }
+            }
+            match monoio::time::timeout(gap, reader.as_mut().fill()).await {
+                Ok(Ok(n)) if n > 0 => {}
+                Err(_) => return Err(BodyError::Bad(HttpError::BodyTimeout)),
+                _ => return Err(BodyError::Closed),
+            }
+        }
+    }
+}

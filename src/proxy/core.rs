@@ -1,0 +1,112 @@
+//! What one core owns: its upstream pools, RNG, round-robin positions, its caches of the
+//! snapshot and of its busy-set replica, the count of requests in progress and the request
+//! id sequence. Reached from every task of the core through an `Rc`; never shared.
+
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use arc_swap::ArcSwap;
+
+use super::pool::Pools;
+use crate::route::Rng;
+use crate::state::{BusySet, CoreCounters, Shared, Snapshot};
+
+/// A request's handle on its snapshot. The extra `Rc` layer is deliberate: cloning it per
+/// request touches only this core's count, never the `Arc`'s count shared by all cores.
+#[allow(clippy::redundant_allocation)]
+pub type SnapshotRef = Rc<Arc<Snapshot>>;
+
+/// Length of the request ids Spillway makes (32 hex digits).
+pub const FRESH_REQUEST_ID_LEN: usize = 32;
+
+#[derive(Debug)]
+pub struct CoreCtx {
+    pub id: usize,
+    pub shared: Arc<Shared>,
+    pub pools: RefCell<Pools>,
+    pub rng: RefCell<Rng>,
+    /// Round-robin position per model id.
+    rr: RefCell<Vec<u64>>,
+    pub busy: RefCell<arc_swap::Cache<Arc<ArcSwap<BusySet>>, Arc<BusySet>>>,
+    snapshot: RefCell<SnapshotCache>,
+    /// Requests being served on this core (a drain waits for zero).
+    pub active_requests: Cell<usize>,
+    request_seq: Cell<u64>,
+    request_salt: u64,
+}
+
+/// The core's view of the current snapshot: a cheap check per request, and an `Rc` the
+/// request holds (no shared reference count is touched per request).
+#[derive(Debug)]
+struct SnapshotCache {
+    cache: arc_swap::Cache<Arc<ArcSwap<Snapshot>>, Arc<Snapshot>>,
+    current: SnapshotRef,
+}
+
+impl CoreCtx {
+    /// The context of core `id`; `seed` seeds its RNG and request ids.
+    pub fn new(id: usize, shared: Arc<Shared>, seed: u64) -> CoreCtx {
+        let busy = arc_swap::Cache::new(shared.busy[id].clone());
+        let mut cache = arc_swap::Cache::new(shared.snapshot.clone());
+        let current = Rc::new(cache.load().clone());
+        CoreCtx {
+            id,
+            pools: RefCell::new(Pools::default()),
+            rng: RefCell::new(Rng::new(seed)),
+            rr: RefCell::new(Vec::new()),
+            busy: RefCell::new(busy),
+            snapshot: RefCell::new(SnapshotCache { cache, current }),
+            active_requests: Cell::new(0),
+            request_seq: Cell::new(0),
+            request_salt: Rng::new(seed ^ 0xdead_beef).next_u64(),
+            shared,
+        }
+    }
+
+    /// The snapshot a new request runs on.
+    pub fn snapshot(&self) -> SnapshotRef {
+        let mut s = self.snapshot.borrow_mut();
+        let SnapshotCache { cache, current } = &mut *s;
+        let latest = cache.load();
+        if !Arc::ptr_eq(latest, current) {
+            *current = Rc::new(latest.clone());
+        }
+        current.clone()
+    }
+
+    pub fn counters(&self) -> &CoreCounters {
+        &self.shared.counters[self.id]
+    }
+
+    /// A fresh `x-request-id`: 32 hex digits, unique per process (core, sequence, salt).
+    pub fn next_request_id(&self, out: &mut [u8; FRESH_REQUEST_ID_LEN]) {
+        let seq = self.request_seq.get().wrapping_add(1);
+        self.request_seq.set(seq);
+        let hi = self.request_salt ^ ((self.id as u64) << 56);
+        let lo = seq.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ self.request_salt.rotate_left(17);
+        for (i, v) in [hi, lo].into_iter().enumerate() {
+            for j in 0..16 {
+                out[i * 16 + j] = b"0123456789abcdef"[((v >> (60 - 4 * j)) & 0xf) as usize];
+            }
+        }
+    }
+
+    /// The round-robin position of a model on this core.
+    pub fn rr(&self, model_id: u32) -> u64 {
+        self.rr
+            .borrow()
+            .get(model_id as usize)
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn set_rr(&self, model_id: u32, value: u64) {
+        let mut rr = self.rr.borrow_mut();
+        let i = model_id as usize;
+        if rr.len() <= i {
+            rr.resize(i + 1, 0);
+        }
+        rr[i] = value;
+    }
+}

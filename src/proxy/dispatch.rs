@@ -1,0 +1,119 @@
+//! Stage: dispatch a request by path and method. `POST /v1/*` is proxied; `GET
+//! /v1/models` is answered from the snapshot; the rest gets 404 or 405. Local answers read
+//! and discard the body first, so the connection stays in step.
+
+use std::future::Future;
+
+use super::body::BodyError;
+use super::conn::Conn;
+use super::error::RequestError;
+use super::watch::Reader;
+use crate::http::limits::INITIAL_READ_BUF;
+use crate::http::{BodyFraming, Method};
+use crate::route::Endpoint;
+use crate::runtime::reader::ReadDone;
+use crate::state::counters::add;
+
+/// What a request is, by its path and method.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Route {
+    Proxy(Endpoint),
+    Models,
+    Local(RequestError),
+}
+
+impl Route {
+    pub(super) fn of(path: &[u8], method: Method) -> Route {
+        match (path, method) {
+            (b"/v1/models", Method::Get | Method::Head) => Route::Models,
+            (b"/v1/models", _) => {
+                Route::Local(RequestError::MethodNotAllowed { allow: "GET, HEAD" })
+            }
+            (p, Method::Post) if p.starts_with(b"/v1/") => Route::Proxy(Endpoint::from_path(p)),
+            (p, _) if p.starts_with(b"/v1/") => {
+                Route::Local(RequestError::MethodNotAllowed { allow: "POST" })
+            }
+            _ => Route::Local(RequestError::NotFound),
+        }
+    }
+}
+
+impl Conn {
+    /// Serves one request whose head is parsed. Returns whether the connection stays open.
+    pub(super) async fn dispatch<F: Future<Output = ReadDone>>(
+        &mut self,
+        reader: Reader<'_, F>,
+    ) -> bool {
+        match Route::of(self.head.path(reader.buf()), self.head.method) {
+            Route::Proxy(endpoint) => self.proxy(reader, endpoint).await,
+            Route::Models => self.local(reader, None).await,
+            Route::Local(e) => self.local(reader, Some(e)).await,
+        }
+    }
+
+    /// Answers locally (`None`: the model list) after reading and discarding the body.
+    async fn local<F: Future<Output = ReadDone>>(
+        &mut self,
+        mut reader: Reader<'_, F>,
+        error: Option<RequestError>,
+    ) -> bool {
+        let with_body = self.head.method != Method::Head;
+        // Do not invite a body we would discard: answer and close.
+        let invited = !(self.head.body != BodyFraming::None && self.head.expect_continue);
+        let keep = invited && self.head.keep_alive;
+        if invited {
+            match self.read_body(reader.as_mut()).await {
+                Ok(body) => reader.as_mut().consume(body.request_end, INITIAL_READ_BUF),
+                Err(BodyError::Closed) => return false,
+                Err(BodyError::Bad(e)) => return self.refuse(RequestError::Framing(e)).await,
+            }
+        }
+        match error {
+            Some(e) => self.answer(e, keep, with_body).await,
+            None => {
+                let out = &mut self.io.out;
+                out.clear();
+                let models = &self.snap.responses.models;
+                models.write(out, self.request_id.get(), keep, with_body);
+                self.io.write_out().await.is_ok() && keep
+            }
+        }
+    }
+
+    /// Refuses a request whose framing is in doubt (counted as a bad request) and closes.
+    pub(super) async fn refuse(&mut self, e: RequestError) -> bool {
+        add(&self.ctx.counters().bad_requests, 1);
+        self.answer(e, false, true).await;
+        false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes() {
+        let not_allowed = |allow| Route::Local(RequestError::MethodNotAllowed { allow });
+        let cases = [
+            (&b"/v1/models"[..], Method::Get, Route::Models),
+            (b"/v1/models", Method::Head, Route::Models),
+            (b"/v1/models", Method::Post, not_allowed("GET, HEAD")),
+            (
+                b"/v1/chat/completions",
+                Method::Post,
+                Route::Proxy(Endpoint::ChatCompletions),
+            ),
+            (b"/v1/rerank", Method::Post, Route::Proxy(Endpoint::Other)),
+            (b"/v1/completions", Method::Get, not_allowed("POST")),
+            (
+                b"/health",
+                Method::Get,
+                Route::Local(RequestError::NotFound),
+            ),
+        ];
+        for (path, method, want) in cases {
+            assert_eq!(Route::of(path, method), want, "{path:?} {method:?}");
+        }
+    }
+}

@@ -1,0 +1,195 @@
+//! Stage: forward one request to a worker of its model. Pick a worker, attempt it; when
+//! the attempt fails in a retry-safe way, try another: a connect failure fails over (the
+//! worker is marked down), a worker-local refusal migrates (up to `migration_limit`,
+//! never back to a worker that refused). Counts the outcome once at the end.
+
+use std::future::Future;
+
+use super::attempt::{Done, attempt};
+use super::conn::ClientIo;
+use super::core::CoreCtx;
+use super::error::{AttemptError, Refusal, RequestError};
+use super::guards::Inflight;
+use super::pick::{Excluded, pick};
+use super::request::Outbound;
+use super::watch::Reader;
+use crate::http::limits::{INITIAL_READ_BUF, MAX_WORKER_ID_LEN};
+use crate::route::RouterMode;
+use crate::runtime::clock;
+use crate::runtime::reader::ReadDone;
+use crate::state::Worker;
+use crate::state::counters::{DURATION_BUCKETS, Outcome, add};
+
+/// The client side of the connection, lent to the forwarder.
+pub(super) struct Client<'a, F> {
+    pub reader: Reader<'a, F>,
+    pub io: &'a mut ClientIo,
+    pub request_id: &'a [u8],
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Forwarded {
+    /// The whole response reached the client.
+    Done { keep_alive: bool, status: u16 },
+    /// Nothing reached the client; answer it locally.
+    Rejected(RequestError),
+    /// The client left, or the response broke after bytes were sent: close.
+    Aborted(Outcome),
+}
+
+impl From<AttemptError> for Forwarded {
+    fn from(e: AttemptError) -> Forwarded {
+        match e.to_client() {
+            Some(answer) => Forwarded::Rejected(answer),
+            None => Forwarded::Aborted(e.outcome()),
+        }
+    }
+}
+
+/// Forwards one request. On return its bytes are consumed from the client buffer.
+pub(super) async fn forward<F: Future<Output = ReadDone>>(
+    ctx: &CoreCtx,
+    c: &mut Client<'_, F>,
+    req: &Outbound<'_>,
+) -> Forwarded {
+    let cells = &req.model.metrics.cores[ctx.id];
+    let inflight = Inflight::start(cells);
+    let result = exchange(ctx, c, req).await;
+    drop(inflight);
+    let outcome = match result {
+        Forwarded::Done { status, .. } => {
+            Outcome::of_status(status, req.snap.config.overload_status_code)
+        }
+        Forwarded::Rejected(e) => {
+            if e.is_rejection() {
+                cells.rejected(req.endpoint);
+            }
+            e.outcome()
+        }
+        Forwarded::Aborted(o) => o,
+    };
+    cells.request_done(req.endpoint, req.request_type, outcome);
+    if !matches!(result, Forwarded::Rejected(_)) {
+        let secs = clock::since(req.started).as_secs_f64();
+        cells.duration.observe(&DURATION_BUCKETS, secs);
+    }
+    result
+}
+
+/// The `x-worker-id` of a direct-routed request, copied out of the client buffer.
+struct WorkerId {
+    text: [u8; MAX_WORKER_ID_LEN],
+    len: Option<usize>,
+}
+
+impl WorkerId {
+    fn get(&self) -> Option<&[u8]> {
+        self.len.map(|n| &self.text[..n])
+    }
+}
+
+/// Detaches the request from the client buffer: the body joins the head in `out` (one
+/// write per attempt, kept for migration), the direct-mode worker id is copied, and the
+/// client's bytes are consumed so its socket can be watched from here on.
+fn detach<F: Future<Output = ReadDone>>(c: &mut Client<'_, F>, req: &Outbound<'_>) -> WorkerId {
+    let buf = c.reader.buf();
+    c.io.out
+        .extend_from_slice(buf.get(req.body.clone()).unwrap_or_default());
+    let mut id = WorkerId {
+        text: [0; MAX_WORKER_ID_LEN],
+        len: None,
+    };
+    let value = req.worker_id.clone().and_then(|r| buf.get(r));
+    if let Some(v) = value.filter(|v| v.len() <= MAX_WORKER_ID_LEN) {
+        id.text[..v.len()].copy_from_slice(v);
+        id.len = Some(v.len());
+    }
+    c.reader.as_mut().consume(req.request_end, INITIAL_READ_BUF);
+    c.reader.as_mut().watch();
+    id
+}
+
+/// Where a request stands after the attempts so far.
+#[derive(Default)]
+struct Tries {
+    excluded: Excluded,
+    migrations: u32,
+    /// The last worker-local refusal that was not a 503.
+    last_refusal: Option<Refusal>,
+}
+
+async fn exchange<F: Future<Output = ReadDone>>(
+    ctx: &CoreCtx,
+    c: &mut Client<'_, F>,
+    req: &Outbound<'_>,
+) -> Forwarded {
+    let worker_id = detach(c, req);
+    let mut tries = Tries::default();
+    loop {
+        let now = clock::now_ms();
+        let (pos, generation) = match pick(ctx, req, worker_id.get(), tries.excluded, now) {
+            Ok(p) => p,
+            // Refused by every worker tried, and nothing left: say why they refused.
+            Err(RequestError::Overloaded | RequestError::WorkerOverloaded(_))
+                if tries.last_refusal.is_some() =>
+            {
+                let last = tries.last_refusal.unwrap_or(Refusal::AtCapacity);
+                return Forwarded::Rejected(RequestError::WorkerOverloaded(last));
+            }
+            Err(e) => return Forwarded::Rejected(e),
+        };
+        let worker = &req.snap.workers[req.model.members[pos].worker as usize];
+        let e = match attempt(ctx, c, req, worker).await {
+            Ok(Done { keep_alive, status }) => return Forwarded::Done { keep_alive, status },
+            Err(e) if !e.retry_safe() => {
+                if e == AttemptError::ClientGone {
+                    add(&ctx.counters().client_disconnects, 1);
+                }
+                return e.into();
+            }
+            Err(e) => e,
+        };
+        match e {
+            AttemptError::Refused(refusal) => {
+                if let Some(last) = refused(ctx, req, worker, refusal, now, generation, &tries) {
+                    return Forwarded::Rejected(last);
+                }
+                tries.migrations += 1;
+                tries.excluded.refused(pos);
+                if refusal != Refusal::UpstreamUnavailable {
+                    tries.last_refusal = Some(refusal);
+                }
+            }
+            _ => {
+                tries.excluded.failed(pos);
+                add(&ctx.counters().failovers, 1);
+            }
+        }
+    }
+}
+
+/// Marks a worker that refused the request and decides whether the request may move:
+/// `Some(answer)` when it may not (limit spent, or direct routing).
+fn refused(
+    ctx: &CoreCtx,
+    req: &Outbound<'_>,
+    worker: &Worker,
+    refusal: Refusal,
+    now: u64,
+    generation: u64,
+    tries: &Tries,
+) -> Option<RequestError> {
+    let limits = &req.snap.config.limits;
+    match refusal {
+        Refusal::UpstreamUnavailable => worker.state.inhibit(now, limits.worker_down_backoff_ms),
+        _ => worker.state.mark_overloaded(generation),
+    }
+    let migrations = tries.migrations;
+    tracing::debug!(worker = %worker.cfg.name, ?refusal, migrations, "worker refused the request");
+    if migrations >= req.snap.config.migration_limit || req.model.router_mode == RouterMode::Direct
+    {
+        return Some(refusal.to_client());
+    }
+    req.model.metrics.cores[ctx.id].migrated(refusal.reason());
+    None
+}

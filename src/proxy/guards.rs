@@ -1,0 +1,175 @@
+//! Guards that give back what a connection or request holds, on drop, on every path
+//! (completion, client gone, upstream error, timeout, migration): the connection count,
+//! the core's requests in progress, the model's in-flight count, and the router-side load
+//! tracked on a worker. Admission tickets are the gate's own guards.
+
+use std::rc::Rc;
+use std::sync::atomic::Ordering;
+
+use super::core::CoreCtx;
+use crate::state::WorkerState;
+use crate::state::counters::{ModelCore, add, sub};
+
+/// One open client connection (across all cores, for `max_connections`).
+pub(super) struct Connection(Rc<CoreCtx>);
+
+impl Connection {
+    /// Counts a connection the caller has already added to `shared.connections`.
+    pub(super) fn adopt(ctx: &Rc<CoreCtx>) -> Connection {
+        Connection(ctx.clone())
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.0.shared.connections.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A request in progress on this core (a drain waits for none).
+pub(super) struct ActiveRequest(Rc<CoreCtx>);
+
+impl ActiveRequest {
+    pub(super) fn start(ctx: &Rc<CoreCtx>) -> ActiveRequest {
+        ctx.active_requests.set(ctx.active_requests.get() + 1);
+        ActiveRequest(ctx.clone())
+    }
+}
+
+impl Drop for ActiveRequest {
+    fn drop(&mut self) {
+        let n = &self.0.active_requests;
+        n.set(n.get().saturating_sub(1));
+    }
+}
+
+/// A proxied request in flight for its model (`dynamo_frontend_inflight_requests`).
+pub(super) struct Inflight<'a>(&'a ModelCore);
+
+impl<'a> Inflight<'a> {
+    pub(super) fn start(cells: &'a ModelCore) -> Inflight<'a> {
+        add(&cells.inflight, 1);
+        Inflight(cells)
+    }
+}
+
+impl Drop for Inflight<'_> {
+    fn drop(&mut self) {
+        sub(&self.0.inflight, 1);
+    }
+}
+
+/// Router-side accounting of one request on one worker (semantics §2, `tracked`): prefill
+/// tokens until the first response byte, KV blocks until the end.
+#[derive(Debug)]
+pub(super) struct Tracked<'a> {
+    state: &'a WorkerState,
+    core: usize,
+    prompt_tokens: u64,
+    block_size: u64,
+    prefill: u64,
+    blocks: u64,
+    generated: u64,
+}
+
+impl<'a> Tracked<'a> {
+    pub(super) fn start(
+        state: &'a WorkerState,
+        core: usize,
+        prompt_tokens: u64,
+        block_size: u32,
+    ) -> Tracked<'a> {
+        let block_size = u64::from(block_size.max(1));
+        let blocks = prompt_tokens.div_ceil(block_size);
+        let cell = &state.tracked[core];
+        add(&cell.inflight, 1);
+        add(&cell.prefill_tokens, prompt_tokens);
+        add(&cell.decode_blocks, blocks);
+        Tracked {
+            state,
+            core,
+            prompt_tokens,
+            block_size,
+            prefill: prompt_tokens,
+            blocks,
+            generated: 0,
+        }
+    }
+
+    /// The first response byte arrived: prefill is over.
+    pub(super) fn first_byte(&mut self) {
+        if self.prefill > 0 {
+            sub(&self.state.tracked[self.core].prefill_tokens, self.prefill);
+            self.prefill = 0;
+        }
+    }
+
+    /// `n` more generated tokens (with `track_output_blocks`).
+    pub(super) fn generated(&mut self, n: u64) {
+        if n == 0 {
+            return;
+        }
+        self.generated += n;
+        let blocks = (self.prompt_tokens + self.generated).div_ceil(self.block_size);
+        if blocks > self.blocks {
+            add(
+                &self.state.tracked[self.core].decode_blocks,
+                blocks - self.blocks,
+            );
+            self.blocks = blocks;
+        }
+    }
+}
+
+impl Drop for Tracked<'_> {
+    fn drop(&mut self) {
+        let cell = &self.state.tracked[self.core];
+        sub(&cell.inflight, 1);
+        sub(&cell.prefill_tokens, self.prefill);
+        sub(&cell.decode_blocks, self.blocks);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use super::*;
+    use crate::config::{Config, Overrides};
+    use crate::state::Snapshot;
+
+    #[test]
+    fn tracked_load_returns_to_zero() {
+        let cfg = Config::parse(
+            "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
+            &Overrides::default(),
+        )
+        .unwrap();
+        let snap = Snapshot::standalone(cfg, 2).unwrap();
+        let state = &snap.workers[0].state;
+        {
+            let mut t = Tracked::start(state, 1, 100, 16);
+            assert_eq!(state.tracked[1].prefill_tokens.load(Relaxed), 100);
+            assert_eq!(state.tracked[1].decode_blocks.load(Relaxed), 7);
+            t.first_byte();
+            assert_eq!(state.tracked[1].prefill_tokens.load(Relaxed), 0);
+            t.generated(13);
+            assert_eq!(state.tracked[1].decode_blocks.load(Relaxed), 8);
+            assert_eq!(state.inflight_total(), 1);
+        }
+        assert_eq!(state.inflight_total(), 0);
+        assert_eq!(state.tracked[1].decode_blocks.load(Relaxed), 0);
+        assert_eq!(state.tracked[0].decode_blocks.load(Relaxed), 0);
+    }
+
+    #[test]
+    fn inflight_guard_gives_back() {
+        let cells = ModelCore::default();
+        {
+            let _a = Inflight::start(&cells);
+            let _b = Inflight::start(&cells);
+            assert_eq!(cells.inflight.load(Relaxed), 2);
+        }
+        assert_eq!(cells.inflight.load(Relaxed), 0);
+    }
+}

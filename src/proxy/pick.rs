@@ -1,0 +1,95 @@
+//! Stage: pick a worker. The router (`route::pick`, pure) sees each member's state as
+//! this core's busy replica, the workers' shared marks and this request's own failures
+//! have it; nothing reachable → 503, only busy ones → the overload status.
+
+use super::core::CoreCtx;
+use super::error::{Refusal, RequestError};
+use super::request::Outbound;
+use crate::route::{self, DirectRefusal, MemberState, Pick, RouterMode};
+
+/// Members this request must not use again: `failed` (connect failures, like down) and
+/// `refused` (worker-local refusals, like busy). Bit i is member i; pools beyond 128
+/// members rely on the shared down and overloaded marks alone.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Excluded {
+    failed: u128,
+    refused: u128,
+}
+
+fn bit(pos: usize) -> u128 {
+    1u128.checked_shl(pos as u32).unwrap_or(0)
+}
+
+impl Excluded {
+    pub(super) fn failed(&mut self, pos: usize) {
+        self.failed |= bit(pos);
+    }
+
+    pub(super) fn refused(&mut self, pos: usize) {
+        self.refused |= bit(pos);
+    }
+}
+
+/// Picks a member: its position in the model's list and the busy-set generation the
+/// decision read.
+pub(super) fn pick(
+    ctx: &CoreCtx,
+    req: &Outbound<'_>,
+    worker_id: Option<&[u8]>,
+    ex: Excluded,
+    now: u64,
+) -> Result<(usize, u64), RequestError> {
+    let (model, snap) = (req.model, req.snap);
+    let mut cache = ctx.busy.borrow_mut();
+    let busy = cache.load();
+    let shed = busy.enabled(model.id);
+    let generation = busy.generation;
+    let state = |i: usize| {
+        let m = model.members[i];
+        let w = &snap.workers[m.worker as usize].state;
+        MemberState {
+            unreachable: w.is_down(now) || ex.failed & bit(i) != 0,
+            busy: (shed && busy.is_busy(m.id))
+                || w.is_overloaded(generation)
+                || ex.refused & bit(i) != 0,
+            inflight: w.inflight_on(ctx.id),
+            load: busy.load(m.id),
+        }
+    };
+    let n = model.members.len();
+    if model.router_mode == RouterMode::Direct {
+        let name = |i: usize| {
+            snap.workers[model.members[i].worker as usize]
+                .cfg
+                .name
+                .as_bytes()
+        };
+        return route::pick_direct(worker_id, n, name, state)
+            .map(|i| (i, generation))
+            .map_err(|r| match r {
+                DirectRefusal::MissingHeader => RequestError::DirectMissingHeader,
+                DirectRefusal::UnknownWorker => RequestError::DirectUnknownWorker,
+                DirectRefusal::Busy => RequestError::DirectBusy,
+                DirectRefusal::Unreachable => RequestError::Unavailable,
+            });
+    }
+    let mut rr = ctx.rr(model.id);
+    let picked = route::pick(
+        model.router_mode,
+        n,
+        state,
+        &mut rr,
+        &mut ctx.rng.borrow_mut(),
+    );
+    ctx.set_rr(model.id, rr);
+    match picked {
+        Pick::Member(i) => Ok((i, generation)),
+        // Nothing busy by the published set: what excluded the rest were worker-local
+        // refusals (this request's, or marks since the last publish). Say so.
+        Pick::Overloaded if !(shed && model.members.iter().any(|m| busy.is_busy(m.id))) => {
+            Err(RequestError::WorkerOverloaded(Refusal::AtCapacity))
+        }
+        Pick::Overloaded => Err(RequestError::Overloaded),
+        Pick::Unavailable => Err(RequestError::Unavailable),
+    }
+}

@@ -1,0 +1,136 @@
+//! Stage: a proxied request, from its body to its answer. The body is read whole, the
+//! model found in it without allocating (`route::peek`), the upstream head written into
+//! the connection's reused buffer, and the request handed to [`super::forward`]; what comes
+//! back is either already relayed, or answered here.
+
+use std::future::Future;
+use std::ops::Range;
+use std::time::Instant;
+
+use super::body::BodyError;
+use super::conn::Conn;
+use super::error::RequestError;
+use super::forward::{Client, Forwarded, forward};
+use super::watch::Reader;
+use crate::http::limits::{INITIAL_READ_BUF, RETAINED_BUF_MAX};
+use crate::http::write::upstream_request_head;
+use crate::route::Endpoint;
+use crate::route::peek::peek;
+use crate::runtime::clock;
+use crate::runtime::reader::ReadDone;
+use crate::state::counters::{RequestType, add};
+use crate::state::{Model, Snapshot};
+
+/// What is being forwarded.
+#[derive(Debug)]
+pub(super) struct Outbound<'a> {
+    pub snap: &'a Snapshot,
+    pub model: &'a Model,
+    pub endpoint: Endpoint,
+    pub request_type: RequestType,
+    pub prompt_tokens: u64,
+    /// The de-chunked body within the client buffer.
+    pub body: Range<usize>,
+    /// Bytes of this request (head and raw body) at the start of the client buffer.
+    pub request_end: usize,
+    /// The `x-worker-id` value within the client buffer (direct routing).
+    pub worker_id: Option<Range<usize>>,
+    pub client_minor: u8,
+    pub client_keep_alive: bool,
+    pub started: Instant,
+}
+
+/// The model a body names (404 when unknown), whether it streams, and its prompt size.
+fn find_model<'s>(
+    snap: &'s Snapshot,
+    body: &[u8],
+    scratch: &mut Vec<u8>,
+) -> Result<(&'s Model, RequestType, u64), RequestError> {
+    let p = peek(body).map_err(RequestError::BadBody)?;
+    let name = p.model.ok_or(RequestError::MissingModel)?;
+    let name = name.decoded(scratch).map_err(RequestError::BadBody)?;
+    let model = snap.model(name).ok_or(RequestError::UnknownModel)?;
+    let request_type = if p.stream {
+        RequestType::Stream
+    } else {
+        RequestType::Unary
+    };
+    Ok((model, request_type, (p.prompt_bytes as u64).div_ceil(4)))
+}
+
+impl Conn {
+    /// Returns whether the connection stays open.
+    pub(super) async fn proxy<F: Future<Output = ReadDone>>(
+        &mut self,
+        mut reader: Reader<'_, F>,
+        endpoint: Endpoint,
+    ) -> bool {
+        let started = clock::now();
+        if !self.continue_100(&reader).await {
+            return false;
+        }
+        let body = match self.read_body(reader.as_mut()).await {
+            Ok(b) => b,
+            Err(BodyError::Closed) => return false,
+            Err(BodyError::Bad(e)) => return self.refuse(RequestError::Framing(e)).await,
+        };
+        let snap = self.snap.clone();
+        let found = find_model(
+            &snap,
+            reader.buf().get(body.range.clone()).unwrap_or_default(),
+            &mut self.scratch,
+        );
+        let keep = self.head.keep_alive;
+        let (model, request_type, prompt_tokens) = match found {
+            Ok(found) => found,
+            Err(e) => {
+                add(&self.ctx.counters().bad_requests, 1);
+                reader.as_mut().consume(body.request_end, INITIAL_READ_BUF);
+                return self.answer(e, keep, true).await;
+            }
+        };
+        let req = Outbound {
+            snap: &snap,
+            model,
+            endpoint,
+            request_type,
+            prompt_tokens,
+            body: body.range,
+            request_end: body.request_end,
+            worker_id: self
+                .head
+                .worker_id
+                .map(|s| s.start as usize..s.end as usize),
+            client_minor: self.head.minor_version,
+            client_keep_alive: keep,
+            started,
+        };
+        let out = &mut self.io.out;
+        out.clear();
+        let (head, rid) = (&self.head, self.request_id.get());
+        upstream_request_head(
+            out,
+            reader.buf(),
+            head,
+            req.body.len(),
+            self.peer.get(),
+            rid,
+        );
+        let mut client = Client {
+            reader: reader.as_mut(),
+            io: &mut self.io,
+            request_id: self.request_id.get(),
+        };
+        let forwarded = forward(&self.ctx, &mut client, &req).await;
+        if self.io.out.capacity() > RETAINED_BUF_MAX {
+            // One large body must not pin its buffer on an idle keep-alive connection.
+            self.io.out.clear();
+            self.io.out.shrink_to(4096);
+        }
+        match forwarded {
+            Forwarded::Done { keep_alive, .. } => keep_alive,
+            Forwarded::Aborted(_) => false,
+            Forwarded::Rejected(e) => self.answer(e, keep, true).await,
+        }
+    }
+}

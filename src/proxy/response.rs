@@ -1,0 +1,85 @@
+//! Stage: the worker's response head, read while the client is watched and bounded by
+//! `upstream_first_byte_timeout_ms`. Interim 1xx heads are skipped; a 529 or 503 before
+//! any body byte is a worker-local refusal, so the request may migrate.
+
+use std::future::Future;
+use std::time::Duration;
+
+use monoio::net::TcpStream;
+
+use super::error::{AttemptError, Refusal};
+use super::forward::Client;
+use super::watch::{Interrupt, read_upstream};
+use crate::http::response::{ResponseHead, parse_response};
+use crate::http::{HttpError, Limits};
+use crate::runtime::clock;
+use crate::runtime::reader::ReadDone;
+
+/// Reads the final response head into `resp`; its bytes stay at the start of `rbuf`.
+pub(super) async fn read_response_head<F: Future<Output = ReadDone>>(
+    c: &mut Client<'_, F>,
+    stream: &mut TcpStream,
+    limits: &Limits,
+    resp: &mut ResponseHead,
+) -> Result<(), AttemptError> {
+    let first_byte = Duration::from_millis(limits.upstream_first_byte_timeout_ms);
+    c.io.rbuf.clear();
+    loop {
+        if !c.io.rbuf.is_empty() {
+            match parse_response(&c.io.rbuf, limits.max_header_bytes, false, resp) {
+                Ok(false) => {}
+                Ok(true) if resp.status == 101 => {
+                    return Err(AttemptError::BadGateway("unexpected protocol switch"));
+                }
+                Ok(true) if resp.is_informational() => {
+                    c.io.rbuf.drain(..resp.head_len);
+                    continue;
+                }
+                Ok(true) => return Ok(()),
+                Err(HttpError::HeaderTooLarge) => {
+                    return Err(AttemptError::BadGateway("response head too large"));
+                }
+                Err(_) => {
+                    return Err(AttemptError::BadGateway(
+                        "malformed response from the worker",
+                    ));
+                }
+            }
+        }
+        let deadline = clock::now() + first_byte;
+        match read_upstream(stream, &mut c.io.rbuf, &mut c.reader, deadline).await {
+            Err(Interrupt::ClientGone) => return Err(AttemptError::ClientGone),
+            Err(Interrupt::Timeout) => return Err(AttemptError::Timeout),
+            Ok(Ok(0)) | Ok(Err(_)) => {
+                return Err(AttemptError::BadGateway(
+                    "the worker closed the connection before responding",
+                ));
+            }
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+/// A refusal by the worker itself, from its status before any body byte.
+pub(super) fn refusal(status: u16, overload_status: u16) -> Option<Refusal> {
+    match status {
+        529 => Some(Refusal::UpstreamOverloaded),
+        s if s == overload_status => Some(Refusal::UpstreamOverloaded),
+        503 => Some(Refusal::UpstreamUnavailable),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refusals_by_status() {
+        assert_eq!(refusal(529, 529), Some(Refusal::UpstreamOverloaded));
+        assert_eq!(refusal(503, 529), Some(Refusal::UpstreamUnavailable));
+        assert_eq!(refusal(429, 429), Some(Refusal::UpstreamOverloaded));
+        assert_eq!(refusal(200, 529), None);
+        assert_eq!(refusal(500, 529), None);
+    }
+}

@@ -1,0 +1,90 @@
+//! Waiting on the upstream (or the admission queue) while the client is watched: the
+//! client's read stays in flight, so a disconnect ends the wait at once, and pipelined
+//! bytes that arrive meanwhile are kept. Neither side's operation is dropped when the
+//! other wins.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::Poll;
+use std::time::Instant;
+
+use monoio::buf::IoBufMut;
+use monoio::io::AsyncReadRent;
+use monoio::net::TcpStream;
+
+use crate::http::limits::{RESPONSE_READ_BUF, RESPONSE_READ_MIN_SPARE};
+use crate::runtime::reader::{ClientReader, ReadDone};
+
+/// The client's reader, lent to the stages that watch it.
+pub(super) type Reader<'a, F> = Pin<&'a mut ClientReader<F>>;
+
+/// What ended a wait early.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Interrupt {
+    ClientGone,
+    Timeout,
+}
+
+enum Race<T> {
+    Work(T),
+    Client(io::Result<usize>),
+    Timeout,
+}
+
+async fn race<U: Future, F: Future<Output = ReadDone>>(
+    mut work: Pin<&mut U>,
+    reader: &mut Reader<'_, F>,
+    mut sleep: Pin<&mut monoio::time::Sleep>,
+) -> Race<U::Output> {
+    std::future::poll_fn(|cx| {
+        if let Poll::Ready(v) = work.as_mut().poll(cx) {
+            return Poll::Ready(Race::Work(v));
+        }
+        if let Poll::Ready(r) = reader.as_mut().poll_read(cx) {
+            return Poll::Ready(Race::Client(r));
+        }
+        if sleep.as_mut().poll(cx).is_ready() {
+            return Poll::Ready(Race::Timeout);
+        }
+        Poll::Pending
+    })
+    .await
+}
+
+/// Waits for `work` until `deadline` while watching the client: pipelined bytes arriving
+/// meanwhile are kept (the watch re-arms only when nothing is buffered); a disconnect
+/// ends the wait.
+pub(super) async fn watched<U: Future, F: Future<Output = ReadDone>>(
+    work: U,
+    reader: &mut Reader<'_, F>,
+    deadline: Instant,
+) -> Result<U::Output, Interrupt> {
+    let mut sleep = std::pin::pin!(monoio::time::sleep_until(deadline.into()));
+    let mut work = std::pin::pin!(work);
+    loop {
+        match race(work.as_mut(), reader, sleep.as_mut()).await {
+            Race::Work(v) => return Ok(v),
+            Race::Client(Ok(n)) if n > 0 => reader.as_mut().watch(),
+            Race::Client(_) => return Err(Interrupt::ClientGone),
+            Race::Timeout => return Err(Interrupt::Timeout),
+        }
+    }
+}
+
+/// One upstream read appended to `rbuf`, while the client is watched.
+pub(super) async fn read_upstream<F: Future<Output = ReadDone>>(
+    stream: &mut TcpStream,
+    rbuf: &mut Vec<u8>,
+    reader: &mut Reader<'_, F>,
+    deadline: Instant,
+) -> Result<io::Result<usize>, Interrupt> {
+    if rbuf.capacity() - rbuf.len() < RESPONSE_READ_MIN_SPARE {
+        rbuf.reserve(RESPONSE_READ_BUF);
+    }
+    let len = rbuf.len();
+    let buf = std::mem::take(rbuf);
+    let (res, slice) = watched(stream.read(buf.slice_mut(len..)), reader, deadline).await?;
+    *rbuf = slice.into_inner();
+    Ok(res)
+}

@@ -1,0 +1,123 @@
+//! The client side's read half, with at most one read in flight that survives across
+//! phases of the connection.
+//!
+//! monoio reads take the buffer by value. Dropping an in-flight read would hand the buffer
+//! to the driver (and allocate), so the read future is kept in a pinned slot instead: the
+//! read issued to watch for a client disconnect while the upstream works simply becomes
+//! the read of the next request on a keep-alive connection. Only a closing connection ever
+//! abandons a read.
+
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use monoio::buf::IoBufMut;
+use monoio::io::AsyncReadRent;
+use monoio::net::tcp::TcpOwnedReadHalf;
+
+use crate::http::limits::{CLIENT_READ_MIN_SPARE, RETAINED_BUF_MAX};
+
+pub type ReadDone = (TcpOwnedReadHalf, Vec<u8>, io::Result<usize>);
+
+/// One read appended to `buf`'s spare capacity.
+pub async fn read_more(mut half: TcpOwnedReadHalf, mut buf: Vec<u8>) -> ReadDone {
+    if buf.capacity() - buf.len() < CLIENT_READ_MIN_SPARE {
+        buf.reserve(CLIENT_READ_MIN_SPARE);
+    }
+    let len = buf.len();
+    let (res, slice) = half.read(buf.slice_mut(len..)).await;
+    (half, slice.into_inner(), res)
+}
+
+pin_project_lite::pin_project! {
+    pub struct ClientReader<F> {
+        #[pin]
+        pending: Option<F>,
+        idle: Option<(TcpOwnedReadHalf, Vec<u8>)>,
+        start: fn(TcpOwnedReadHalf, Vec<u8>) -> F,
+    }
+}
+
+impl<F: Future<Output = ReadDone>> ClientReader<F> {
+    pub fn new(
+        half: TcpOwnedReadHalf,
+        buf: Vec<u8>,
+        start: fn(TcpOwnedReadHalf, Vec<u8>) -> F,
+    ) -> Self {
+        ClientReader {
+            pending: None,
+            idle: Some((half, buf)),
+            start,
+        }
+    }
+
+    /// Buffered bytes; empty while a read is in flight.
+    pub fn buf(&self) -> &[u8] {
+        self.idle.as_ref().map_or(&[], |(_, b)| b.as_slice())
+    }
+
+    /// The buffer, when no read is in flight.
+    pub fn buf_mut(self: Pin<&mut Self>) -> Option<&mut Vec<u8>> {
+        self.project().idle.as_mut().map(|(_, b)| b)
+    }
+
+    pub fn is_reading(&self) -> bool {
+        self.idle.is_none()
+    }
+
+    /// Drops the first `n` buffered bytes (a finished request), keeping what follows.
+    pub fn consume(self: Pin<&mut Self>, n: usize, shrink_to: usize) {
+        if let Some(buf) = self.buf_mut() {
+            let n = n.min(buf.len());
+            buf.copy_within(n.., 0);
+            buf.truncate(buf.len() - n);
+            if buf.capacity() > RETAINED_BUF_MAX && buf.len() < shrink_to {
+                buf.shrink_to(shrink_to);
+            }
+        }
+    }
+
+    /// Makes room for `total` buffered bytes (one allocation for a large body).
+    pub fn reserve_total(self: Pin<&mut Self>, total: usize) {
+        if let Some(buf) = self.buf_mut().filter(|b| b.capacity() < total) {
+            buf.reserve(total - buf.len());
+        }
+    }
+
+    /// Starts a read unless one is in flight.
+    pub fn start(self: Pin<&mut Self>) {
+        let mut this = self.project();
+        if let Some((half, buf)) = this.idle.take() {
+            this.pending.set(Some((this.start)(half, buf)));
+        }
+    }
+
+    /// Watches for a disconnect while the upstream works: starts a read only when nothing
+    /// is buffered. Buffered bytes are a pipelined request that must stay parseable, so a
+    /// pipelining client is not watched (its departure still shows on the next write).
+    pub fn watch(self: Pin<&mut Self>) {
+        if self.idle.as_ref().is_some_and(|(_, b)| b.is_empty()) {
+            self.start();
+        }
+    }
+
+    /// Polls the read in flight. `Ready(Ok(0))` is end of stream. With no read in flight
+    /// this stays pending, so a race over it simply never picks this side.
+    pub fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
+        let mut this = self.project();
+        let Some(fut) = this.pending.as_mut().as_pin_mut() else {
+            return Poll::Pending;
+        };
+        let (half, buf, res) = std::task::ready!(fut.poll(cx));
+        this.pending.set(None);
+        *this.idle = Some((half, buf));
+        Poll::Ready(res)
+    }
+
+    /// Reads more bytes into the buffer (starting a read if none is in flight).
+    pub async fn fill(mut self: Pin<&mut Self>) -> io::Result<usize> {
+        self.as_mut().start();
+        std::future::poll_fn(|cx| self.as_mut().poll_read(cx)).await
+    }
+}

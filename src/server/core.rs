@@ -1,0 +1,62 @@
+//! A data-path core's thread: pinned, its own runtime, its own listener, the proxy.
+
+use std::io;
+use std::net::TcpListener as StdListener;
+use std::os::unix::net::UnixStream as StdUnixStream;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::thread::JoinHandle;
+
+use monoio::net::TcpListener;
+
+use crate::proxy::{self, CoreCtx};
+use crate::runtime::{self, clock};
+use crate::state::Shared;
+
+pub(super) fn spawn(
+    id: usize,
+    cpu: Option<usize>,
+    listener: StdListener,
+    stop: StdUnixStream,
+    shared: Arc<Shared>,
+) -> io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("spillway-core-{id}"))
+        .spawn(move || run(id, cpu, listener, stop, shared))
+}
+
+fn run(
+    id: usize,
+    cpu: Option<usize>,
+    listener: StdListener,
+    stop: StdUnixStream,
+    shared: Arc<Shared>,
+) {
+    runtime::pin_current(cpu, "core");
+    let mut rt = match runtime::build(0) {
+        Ok(rt) => rt,
+        Err(e) => {
+            tracing::error!(core = id, error = %e, "cannot start a runtime on this core");
+            return;
+        }
+    };
+    rt.block_on(async move {
+        let legacy = monoio::utils::is_legacy();
+        shared.legacy_driver[id].store(legacy, Ordering::Relaxed);
+        let driver = if legacy { "epoll" } else { "io_uring" };
+        tracing::info!(core = id, cpu = ?cpu, driver, "core started");
+        let listener = match TcpListener::from_std(listener) {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::error!(core = id, error = %e, "cannot adopt listener");
+                return;
+            }
+        };
+        let seed = clock::now_ms()
+            ^ (id as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            ^ u64::from(std::process::id());
+        let ctx = Rc::new(CoreCtx::new(id, shared, seed));
+        proxy::run(ctx, listener, stop).await;
+    });
+}

@@ -1,0 +1,83 @@
+//! The busy set: what the monitor publishes to every core (per model: shedding enabled;
+//! per member: busy, and a load figure for least-loaded). Immutable once published; each
+//! core reads its replica with one atomic load.
+
+/// The busy set as published: immutable, one per publish, read lock-free by the cores.
+#[derive(Debug, Default, Clone)]
+pub struct BusySet {
+    pub generation: u64,
+    /// Bit per model id: a threshold is configured, so busy members are excluded.
+    enabled: Vec<u64>,
+    /// Bit per member id: the (model, worker) pair is busy.
+    busy: Vec<u64>,
+    /// Per member id: load in permille of the fullest known signal (least-loaded ties).
+    load: Vec<u16>,
+}
+
+impl PartialEq for BusySet {
+    /// Same content (the generation is not content).
+    fn eq(&self, other: &Self) -> bool {
+        fn trimmed(v: &[u64]) -> &[u64] {
+            let n = v.iter().rposition(|w| *w != 0).map_or(0, |i| i + 1);
+            &v[..n]
+        }
+        let loads = |v: &[u16]| v.iter().rposition(|l| *l != 0).map_or(0, |i| i + 1);
+        trimmed(&self.enabled) == trimmed(&other.enabled)
+            && trimmed(&self.busy) == trimmed(&other.busy)
+            && self.load[..loads(&self.load)] == other.load[..loads(&other.load)]
+    }
+}
+
+fn bit(words: &[u64], i: u32) -> bool {
+    words
+        .get((i / 64) as usize)
+        .is_some_and(|w| w & (1u64 << (i % 64)) != 0)
+}
+
+fn set_bit(words: &mut Vec<u64>, i: u32) {
+    let w = (i / 64) as usize;
+    if words.len() <= w {
+        words.resize(w + 1, 0);
+    }
+    words[w] |= 1u64 << (i % 64);
+}
+
+impl BusySet {
+    #[inline]
+    pub fn enabled(&self, model_id: u32) -> bool {
+        bit(&self.enabled, model_id)
+    }
+
+    #[inline]
+    pub fn is_busy(&self, member_id: u32) -> bool {
+        bit(&self.busy, member_id)
+    }
+
+    #[inline]
+    pub fn load(&self, member_id: u32) -> u16 {
+        self.load.get(member_id as usize).copied().unwrap_or(0)
+    }
+
+    pub fn set_enabled(&mut self, model_id: u32) {
+        set_bit(&mut self.enabled, model_id);
+    }
+
+    pub fn set_busy(&mut self, member_id: u32) {
+        set_bit(&mut self.busy, member_id);
+    }
+
+    pub fn set_load(&mut self, member_id: u32, permille: u16) {
+        let i = member_id as usize;
+        if self.load.len() <= i {
+            self.load.resize(i + 1, 0);
+        }
+        self.load[i] = permille;
+    }
+
+    /// Empties the set, keeping its storage.
+    pub fn clear(&mut self) {
+        self.enabled.iter_mut().for_each(|w| *w = 0);
+        self.busy.iter_mut().for_each(|w| *w = 0);
+        self.load.iter_mut().for_each(|l| *l = 0);
+    }
+}

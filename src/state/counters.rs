@@ -1,0 +1,346 @@
+//! Data-path counters: each core writes only its own cache-padded cells (a plain load and
+//! store, no locked instruction, no sharing), and a scrape sums the cores. The labels
+//! they are counted under (`Outcome`, `RequestType`, `MigrationReason`) follow Dynamo's
+//! metric names; the exposition is in [`crate::metrics`].
+
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+
+use crossbeam_utils::CachePadded;
+
+use crate::route::Endpoint;
+
+/// Adds to a counter that only the calling core writes.
+#[inline]
+pub fn add(cell: &AtomicU64, n: u64) {
+    cell.store(cell.load(Relaxed).wrapping_add(n), Relaxed);
+}
+
+#[inline]
+pub fn sub(cell: &AtomicU64, n: u64) {
+    cell.store(cell.load(Relaxed).wrapping_sub(n), Relaxed);
+}
+
+/// How a request ended: Dynamo's `status` and `error_type` labels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    Success,
+    Validation,
+    NotFound,
+    Overload,
+    Unavailable,
+    Cancelled,
+    ResponseTimeout,
+    Internal,
+    NotImplemented,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 9] = [
+        Outcome::Success,
+        Outcome::Validation,
+        Outcome::NotFound,
+        Outcome::Overload,
+        Outcome::Unavailable,
+        Outcome::Cancelled,
+        Outcome::ResponseTimeout,
+        Outcome::Internal,
+        Outcome::NotImplemented,
+    ];
+
+    pub fn status(self) -> &'static str {
+        if self == Outcome::Success {
+            "success"
+        } else {
+            "error"
+        }
+    }
+
+    pub fn error_type(self) -> &'static str {
+        match self {
+            Outcome::Success => "",
+            Outcome::Validation => "validation",
+            Outcome::NotFound => "not_found",
+            Outcome::Overload => "overload",
+            Outcome::Unavailable => "unavailable",
+            Outcome::Cancelled => "cancelled",
+            Outcome::ResponseTimeout => "response_timeout",
+            Outcome::Internal => "internal",
+            Outcome::NotImplemented => "not_implemented",
+        }
+    }
+
+    /// The outcome of a response status the client received.
+    pub fn of_status(status: u16, overload_status: u16) -> Outcome {
+        match status {
+            200..=399 => Outcome::Success,
+            404 => Outcome::NotFound,
+            408 | 504 => Outcome::ResponseTimeout,
+            429 | 529 => Outcome::Overload,
+            s if s == overload_status => Outcome::Overload,
+            503 => Outcome::Unavailable,
+            501 => Outcome::NotImplemented,
+            400..=499 => Outcome::Validation,
+            _ => Outcome::Internal,
+        }
+    }
+}
+
+/// Why a request moved to another worker (`dynamo_frontend_model_migration_total{reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MigrationReason {
+    WorkerAtCapacity,
+    QueueTimeout,
+    UpstreamOverloaded,
+    UpstreamUnavailable,
+}
+
+impl MigrationReason {
+    pub const ALL: [MigrationReason; 4] = [
+        MigrationReason::WorkerAtCapacity,
+        MigrationReason::QueueTimeout,
+        MigrationReason::UpstreamOverloaded,
+        MigrationReason::UpstreamUnavailable,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            MigrationReason::WorkerAtCapacity => "worker_at_capacity",
+            MigrationReason::QueueTimeout => "queue_timeout",
+            MigrationReason::UpstreamOverloaded => "upstream_overloaded",
+            MigrationReason::UpstreamUnavailable => "upstream_unavailable",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestType {
+    Unary,
+    Stream,
+}
+
+impl RequestType {
+    pub fn label(self) -> &'static str {
+        match self {
+            RequestType::Unary => "unary",
+            RequestType::Stream => "stream",
+        }
+    }
+}
+
+/// Dynamo's default bucket bounds (seconds), for dashboard compatibility.
+pub const TTFT_BUCKETS: [f64; 18] = [
+    0.0, 0.0022, 0.0047, 0.01, 0.022, 0.047, 0.1, 0.22, 0.47, 1.0, 2.2, 4.7, 10.0, 22.0, 48.0,
+    100.0, 220.0, 480.0,
+];
+pub const ITL_BUCKETS: [f64; 13] = [
+    0.0, 0.0019, 0.0035, 0.0067, 0.013, 0.024, 0.045, 0.084, 0.16, 0.3, 0.56, 1.1, 2.0,
+];
+pub const DURATION_BUCKETS: [f64; 10] = [0.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 130.0, 260.0, 510.0];
+
+/// A single-writer histogram: counts per bucket (last = +Inf) and the sum in nanoseconds.
+#[derive(Debug)]
+pub struct Histogram<const N: usize> {
+    counts: [AtomicU64; N],
+    overflow: AtomicU64,
+    sum_ns: AtomicU64,
+}
+
+impl<const N: usize> Default for Histogram<N> {
+    fn default() -> Self {
+        Self {
+            counts: std::array::from_fn(|_| AtomicU64::new(0)),
+            overflow: AtomicU64::new(0),
+            sum_ns: AtomicU64::new(0),
+        }
+    }
+}
+
+impl<const N: usize> Histogram<N> {
+    #[inline]
+    pub fn observe(&self, bounds: &[f64; N], secs: f64) {
+        match bounds.iter().position(|&b| secs <= b) {
+            Some(i) => add(&self.counts[i], 1),
+            None => add(&self.overflow, 1),
+        }
+        add(&self.sum_ns, (secs * 1e9) as u64);
+    }
+
+    /// Adds this histogram's counts into `into` (per-bucket, non-cumulative) and sums.
+    pub fn accumulate(&self, counts: &mut [u64], sum_ns: &mut u64) {
+        for (i, c) in self.counts.iter().enumerate() {
+            counts[i] += c.load(Relaxed);
+        }
+        counts[N] += self.overflow.load(Relaxed);
+        *sum_ns += self.sum_ns.load(Relaxed);
+    }
+}
+
+const REQUEST_CELLS: usize = Endpoint::ALL.len() * 2 * Outcome::ALL.len();
+
+/// One core's counters for one model.
+#[derive(Debug)]
+pub struct ModelCore {
+    requests: [AtomicU64; REQUEST_CELLS],
+    rejections: [AtomicU64; Endpoint::ALL.len()],
+    pub inflight: AtomicU64,
+    pub ttft: Histogram<18>,
+    pub itl: Histogram<13>,
+    pub duration: Histogram<10>,
+    migrations: [AtomicU64; 4],
+}
+
+impl Default for ModelCore {
+    fn default() -> Self {
+        Self {
+            requests: std::array::from_fn(|_| AtomicU64::new(0)),
+            rejections: std::array::from_fn(|_| AtomicU64::new(0)),
+            inflight: AtomicU64::new(0),
+            ttft: Histogram::default(),
+            itl: Histogram::default(),
+            duration: Histogram::default(),
+            migrations: std::array::from_fn(|_| AtomicU64::new(0)),
+        }
+    }
+}
+
+fn request_cell(e: Endpoint, t: RequestType, o: Outcome) -> usize {
+    let oi = Outcome::ALL.iter().position(|x| *x == o).unwrap_or(0);
+    (e.index() * 2 + t as usize) * Outcome::ALL.len() + oi
+}
+
+impl ModelCore {
+    #[inline]
+    pub fn request_done(&self, e: Endpoint, t: RequestType, o: Outcome) {
+        add(&self.requests[request_cell(e, t, o)], 1);
+    }
+
+    #[inline]
+    pub fn rejected(&self, e: Endpoint) {
+        add(&self.rejections[e.index()], 1);
+    }
+
+    #[inline]
+    pub fn migrated(&self, reason: MigrationReason) {
+        add(&self.migrations[reason as usize], 1);
+    }
+}
+
+/// A model's counters: one [`ModelCore`] per core. Kept across reloads.
+#[derive(Debug)]
+pub struct ModelMetrics {
+    pub cores: Box<[CachePadded<ModelCore>]>,
+}
+
+impl ModelMetrics {
+    pub fn new(cores: usize) -> ModelMetrics {
+        ModelMetrics {
+            cores: (0..cores)
+                .map(|_| CachePadded::new(ModelCore::default()))
+                .collect(),
+        }
+    }
+
+    pub fn requests(&self, e: Endpoint, t: RequestType, o: Outcome) -> u64 {
+        let cell = request_cell(e, t, o);
+        self.cores
+            .iter()
+            .map(|c| c.requests[cell].load(Relaxed))
+            .sum()
+    }
+
+    pub fn rejections(&self, e: Endpoint) -> u64 {
+        self.cores
+            .iter()
+            .map(|c| c.rejections[e.index()].load(Relaxed))
+            .sum()
+    }
+
+    pub fn migrations(&self, reason: MigrationReason) -> u64 {
+        self.cores
+            .iter()
+            .map(|c| c.migrations[reason as usize].load(Relaxed))
+            .sum()
+    }
+
+    pub fn inflight(&self) -> u64 {
+        self.cores
+            .iter()
+            .map(|c| c.inflight.load(Relaxed))
+            .sum::<u64>()
+    }
+}
+
+/// Process-wide data-path counters of one core.
+#[derive(Debug, Default)]
+pub struct CoreCounters {
+    pub connections: AtomicU64,
+    pub connections_refused: AtomicU64,
+    pub bad_requests: AtomicU64,
+    pub upstream_connects: AtomicU64,
+    pub upstream_connect_failures: AtomicU64,
+    pub upstream_reuse_retries: AtomicU64,
+    pub failovers: AtomicU64,
+    pub client_disconnects: AtomicU64,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_buckets() {
+        let h = Histogram::<3>::default();
+        let bounds = [0.1, 1.0, 10.0];
+        for s in [0.05, 0.1, 0.5, 5.0, 50.0] {
+            h.observe(&bounds, s);
+        }
+        let mut counts = [0u64; 4];
+        let mut sum = 0;
+        h.accumulate(&mut counts, &mut sum);
+        assert_eq!(counts, [2, 1, 1, 1]);
+        assert_eq!(sum, 55_650_000_000);
+    }
+
+    #[test]
+    fn outcome_of_status() {
+        assert_eq!(Outcome::of_status(200, 529), Outcome::Success);
+        assert_eq!(Outcome::of_status(529, 529), Outcome::Overload);
+        assert_eq!(Outcome::of_status(503, 503), Outcome::Overload);
+        assert_eq!(Outcome::of_status(503, 529), Outcome::Unavailable);
+        assert_eq!(Outcome::of_status(400, 529), Outcome::Validation);
+        assert_eq!(Outcome::of_status(502, 529), Outcome::Internal);
+    }
+
+    #[test]
+    fn model_metrics_sum_cores() {
+        let m = ModelMetrics::new(3);
+        m.cores[0].request_done(
+            Endpoint::ChatCompletions,
+            RequestType::Stream,
+            Outcome::Success,
+        );
+        m.cores[2].request_done(
+            Endpoint::ChatCompletions,
+            RequestType::Stream,
+            Outcome::Success,
+        );
+        m.cores[1].rejected(Endpoint::Completions);
+        assert_eq!(
+            m.requests(
+                Endpoint::ChatCompletions,
+                RequestType::Stream,
+                Outcome::Success
+            ),
+            2
+        );
+        assert_eq!(
+            m.requests(
+                Endpoint::ChatCompletions,
+                RequestType::Unary,
+                Outcome::Success
+            ),
+            0
+        );
+        assert_eq!(m.rejections(Endpoint::Completions), 1);
+    }
+}

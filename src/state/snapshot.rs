@@ -1,0 +1,110 @@
+//! The runtime snapshot: one immutable value per config generation, shared by every core
+//! behind an `ArcSwap` and pinned by each request for its lifetime. Built by the
+//! [`super::Registry`].
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use super::counters::ModelMetrics;
+use super::worker::WorkerState;
+use crate::admission::{AT_CAPACITY, Gate, QUEUE_TIMEOUT};
+use crate::config::{Config, WorkerConfig};
+use crate::http::canned::{Canned, messages};
+use crate::route::RouterMode;
+
+/// Immutable runtime view of one config generation.
+#[derive(Debug)]
+pub struct Snapshot {
+    pub generation: u64,
+    pub config: Config,
+    pub models: Box<[Model]>,
+    pub(super) model_index: HashMap<Box<[u8]>, usize>,
+    pub(super) worker_index: HashMap<Box<str>, usize>,
+    /// Same order as `config.workers`.
+    pub workers: Box<[Worker]>,
+    pub responses: Responses,
+}
+
+impl Snapshot {
+    /// Looks a worker up by its configured name (load events, direct routing).
+    pub fn worker_named(&self, name: &str) -> Option<&Worker> {
+        self.worker_index.get(name).map(|&i| &self.workers[i])
+    }
+
+    /// Looks a model up by its decoded name.
+    #[inline]
+    pub fn model(&self, name: &[u8]) -> Option<&Model> {
+        self.model_index.get(name).map(|&i| &self.models[i])
+    }
+}
+
+#[derive(Debug)]
+pub struct Model {
+    pub name: Box<str>,
+    /// Stable across reloads while the model exists.
+    pub id: u32,
+    pub router_mode: RouterMode,
+    pub track_output_blocks: bool,
+    pub members: Box<[Member]>,
+    pub metrics: Arc<ModelMetrics>,
+}
+
+/// One worker in one model's pool.
+#[derive(Debug, Clone, Copy)]
+pub struct Member {
+    /// Index into [`Snapshot::workers`].
+    pub worker: u32,
+    /// Stable id of the (model, worker) pair: its bit in the published busy set.
+    pub id: u32,
+}
+
+#[derive(Debug)]
+pub struct Worker {
+    pub cfg: WorkerConfig,
+    /// The worker's address and its metrics endpoint's, resolved for this generation.
+    pub addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    pub state: Arc<WorkerState>,
+    /// Engine slots and overflow queue, when `engine_request_limit` is set.
+    pub gate: Option<Arc<Gate>>,
+}
+
+/// The responses the data path answers itself, rendered once per generation.
+#[derive(Debug)]
+pub struct Responses {
+    pub models: Canned,
+    pub overloaded: Canned,
+    pub direct_busy: Canned,
+    pub unavailable: Canned,
+    pub model_not_found: Canned,
+    pub not_found: Canned,
+    pub too_many_connections: Canned,
+    pub worker_at_capacity: Canned,
+    pub queue_timeout: Canned,
+}
+
+impl Responses {
+    pub(super) fn new(config: &Config, created: u64) -> Responses {
+        let retry = config.retry_after_secs.to_string();
+        let retry = [("retry-after", retry.as_str())];
+        let code = config.overload_status_code;
+        let data: Vec<_> = config
+            .models
+            .iter()
+            .map(|m| serde_json::json!({"id": m.name, "object": "model", "created": created, "owned_by": "spillway"}))
+            .collect();
+        let models = serde_json::json!({"object": "list", "data": data}).to_string();
+        Responses {
+            models: Canned::json(200, models.into_bytes(), &[]),
+            overloaded: Canned::error_typed(code, messages::OVERLOADED, "Overloaded", &retry),
+            direct_busy: Canned::error_typed(code, messages::DIRECT_BUSY, "Overloaded", &retry),
+            unavailable: Canned::error(503, messages::UNAVAILABLE, &retry),
+            model_not_found: Canned::error(404, messages::MODEL_NOT_FOUND, &[]),
+            not_found: Canned::error(404, messages::NOT_FOUND, &[]),
+            too_many_connections: Canned::error(503, messages::TOO_MANY_CONNECTIONS, &retry),
+            worker_at_capacity: Canned::error_typed(code, AT_CAPACITY, "Overloaded", &retry),
+            queue_timeout: Canned::error_typed(code, QUEUE_TIMEOUT, "Overloaded", &retry),
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! Per-worker state shared by every core: down and overload marks, and the router-side
+//! load each core has sent to the worker. Atomics only; kept across reloads while the
+//! worker is unchanged.
+
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use crossbeam_utils::CachePadded;
+
+/// Per-worker state shared by all cores, kept across reloads while the worker is unchanged.
+#[derive(Debug)]
+pub struct WorkerState {
+    /// Stable id: index of the worker's pools and per-core slots on every core.
+    pub slot: u32,
+    pub name: Box<str>,
+    /// Monotonic ms (the process clock) until which the worker is skipped.
+    down_until_ms: AtomicU64,
+    failures: AtomicU32,
+    /// Busy-set generation in which the worker refused a request (WorkerOverloaded): it is
+    /// skipped until the monitor publishes the next generation.
+    overloaded_in: AtomicU64,
+    /// One entry per core, written only by that core: what it routed and has not finished.
+    pub tracked: Box<[CachePadded<TrackedLoad>]>,
+}
+
+/// Router-side load one core has sent to one worker.
+#[derive(Debug, Default)]
+pub struct TrackedLoad {
+    pub inflight: AtomicU64,
+    pub prefill_tokens: AtomicU64,
+    pub decode_blocks: AtomicU64,
+}
+
+impl WorkerState {
+    pub(super) fn new(slot: u32, name: &str, cores: usize) -> WorkerState {
+        WorkerState {
+            slot,
+            name: name.into(),
+            down_until_ms: AtomicU64::new(0),
+            failures: AtomicU32::new(0),
+            overloaded_in: AtomicU64::new(u64::MAX),
+            tracked: (0..cores)
+                .map(|_| CachePadded::new(TrackedLoad::default()))
+                .collect(),
+        }
+    }
+
+    #[inline]
+    pub fn is_down(&self, now_ms: u64) -> bool {
+        self.down_until_ms.load(Ordering::Relaxed) > now_ms
+    }
+
+    /// Records a failed connect: down for `base << (failures-1)` ms, capped at `max`.
+    pub fn mark_down(&self, now_ms: u64, base_ms: u64, max_ms: u64) -> u64 {
+        let failures = self
+            .failures
+            .fetch_add(1, Ordering::Relaxed)
+            .saturating_add(1);
+        let backoff = base_ms
+            .saturating_mul(1u64 << (failures - 1).min(20))
+            .min(max_ms);
+        self.down_until_ms
+            .store(now_ms + backoff, Ordering::Relaxed);
+        backoff
+    }
+
+    /// Marks a local refusal; cleared by the next busy-set publication.
+    pub fn mark_overloaded(&self, generation: u64) {
+        self.overloaded_in.store(generation, Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub fn is_overloaded(&self, generation: u64) -> bool {
+        self.overloaded_in.load(Ordering::Relaxed) == generation
+    }
+
+    /// Inhibits a worker that answered 503 for `ms` (it is skipped like a down worker).
+    pub fn inhibit(&self, now_ms: u64, ms: u64) {
+        self.down_until_ms.fetch_max(now_ms + ms, Ordering::Relaxed);
+    }
+
+    /// A successful connect clears the backoff.
+    #[inline]
+    pub fn mark_up(&self) {
+        if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Relaxed);
+            self.down_until_ms.store(0, Ordering::Relaxed);
+        }
+    }
+
+    pub fn consecutive_failures(&self) -> u32 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    /// Requests core `core` has in flight to the worker (power-of-two, least-loaded).
+    #[inline]
+    pub fn inflight_on(&self, core: usize) -> u32 {
+        self.tracked[core].inflight.load(Ordering::Relaxed) as u32
+    }
+
+    /// Sum over cores of requests in flight.
+    pub fn inflight_total(&self) -> u64 {
+        self.tracked
+            .iter()
+            .map(|t| t.inflight.load(Ordering::Relaxed))
+            .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn down_backoff_doubles_and_caps() {
+        let w = WorkerState::new(0, "w", 1);
+        assert_eq!(w.mark_down(100, 1000, 5000), 1000);
+        assert!(w.is_down(1099) && !w.is_down(1100));
+        assert_eq!(w.mark_down(100, 1000, 5000), 2000);
+        assert_eq!(w.mark_down(100, 1000, 5000), 4000);
+        assert_eq!(w.mark_down(100, 1000, 5000), 5000);
+        w.mark_up();
+        assert!(!w.is_down(100));
+        assert_eq!(w.mark_down(100, 1000, 5000), 1000);
+    }
+}

@@ -1,0 +1,89 @@
+//! The admin listener: calls, `/metrics` and its lint.
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::process::{Command, Stdio};
+
+use crate::client::{Response, once};
+use crate::tools::skip_missing_tool;
+
+/// One admin request on a fresh connection; `content_type` only when given.
+pub fn admin_call(
+    addr: SocketAddr,
+    method: &str,
+    path: &str,
+    content_type: Option<&str>,
+    body: &str,
+) -> Response {
+    let ct = content_type
+        .map(|c| format!("content-type: {c}\r\n"))
+        .unwrap_or_default();
+    let raw = format!(
+        "{method} {path} HTTP/1.1\r\nhost: admin\r\n{ct}content-length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    once(addr, raw.as_bytes())
+}
+
+/// A POST with a JSON body.
+pub fn admin_post(addr: SocketAddr, path: &str, body: &str) -> Response {
+    admin_call(addr, "POST", path, Some("application/json"), body)
+}
+
+/// A GET.
+pub fn admin_get(addr: SocketAddr, path: &str) -> Response {
+    admin_call(addr, "GET", path, None, "")
+}
+
+/// The `/metrics` text.
+pub fn metrics(addr: SocketAddr) -> String {
+    admin_get(addr, "/metrics").text()
+}
+
+/// The value of one series in a metrics text (`name{labels}` exactly as rendered).
+pub fn metric_value(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l[series.len()..].trim().parse().ok())
+}
+
+/// `promtool check metrics` over `text`: the problems it reports (empty when it passes),
+/// or `None` when promtool cannot run (a failure instead under CI, see
+/// [`skip_missing_tool`]).
+#[track_caller]
+pub fn promtool_problems(text: &str) -> Option<Vec<String>> {
+    let mut child = match Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+    {
+        Ok(child) => child,
+        Err(e) => {
+            skip_missing_tool("promtool", e);
+            return None;
+        }
+    };
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    let report = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let problems: Vec<String> = report
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect();
+    if !out.status.success() && problems.is_empty() {
+        return Some(vec![format!("promtool failed: {}", out.status)]);
+    }
+    Some(problems)
+}

@@ -1,0 +1,208 @@
+//! A raw HTTP/1.1 client on blocking sockets, and request builders.
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use crate::upstream::fill;
+
+/// One response as the client read it.
+#[derive(Debug, Clone)]
+pub struct Response {
+    pub status: u16,
+    /// Names in lower case.
+    pub headers: Vec<(String, String)>,
+    /// The whole body, de-chunked.
+    pub body: Vec<u8>,
+    /// Body pieces (de-chunked) with their arrival times.
+    pub pieces: Vec<(Instant, Vec<u8>)>,
+}
+
+impl Response {
+    /// The first header named `name` (any case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    /// The body as text (lossy UTF-8).
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The body parsed as JSON; panics with the body when it is not.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("{e}: {}", self.text()))
+    }
+}
+
+/// One client connection; reads time out after 20 s.
+pub struct Client {
+    pub stream: TcpStream,
+    buf: Vec<u8>,
+}
+
+impl Client {
+    /// Connects to `addr`.
+    pub fn connect(addr: SocketAddr) -> Client {
+        let stream = TcpStream::connect(addr).expect("connect");
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let _ = stream.set_nodelay(true);
+        Client {
+            stream,
+            buf: Vec::new(),
+        }
+    }
+
+    /// Writes `raw` as is.
+    pub fn send(&mut self, raw: &[u8]) {
+        self.stream.write_all(raw).expect("send");
+    }
+
+    /// Sends `raw` and reads one response.
+    pub fn request(&mut self, raw: &[u8]) -> Response {
+        self.send(raw);
+        self.response()
+    }
+
+    /// Reads one response.
+    pub fn response(&mut self) -> Response {
+        self.response_to(false)
+    }
+
+    /// Reads one response; `head_only` for a response to HEAD (no body).
+    pub fn response_to(&mut self, head_only: bool) -> Response {
+        let (status, headers, n) = loop {
+            let mut hs = [httparse::EMPTY_HEADER; 64];
+            let mut r = httparse::Response::new(&mut hs);
+            match r.parse(&self.buf) {
+                Ok(httparse::Status::Complete(n)) => {
+                    let headers: Vec<(String, String)> = r
+                        .headers
+                        .iter()
+                        .map(|h| {
+                            (
+                                h.name.to_ascii_lowercase(),
+                                String::from_utf8_lossy(h.value).into_owned(),
+                            )
+                        })
+                        .collect();
+                    break (r.code.unwrap(), headers, n);
+                }
+                Ok(httparse::Status::Partial) => {}
+                Err(e) => panic!(
+                    "bad response: {e}: {:?}",
+                    String::from_utf8_lossy(&self.buf)
+                ),
+            }
+            assert!(
+                self.fill(),
+                "connection closed before a response head: {:?}",
+                String::from_utf8_lossy(&self.buf)
+            );
+        };
+        self.buf.drain(..n);
+        let get = |k: &str| headers.iter().find(|(h, _)| h == k).map(|(_, v)| v.clone());
+        let mut pieces = Vec::new();
+        let mut body = Vec::new();
+        if head_only || status == 204 || status == 304 || (100..200).contains(&status) {
+        } else if let Some(len) = get("content-length") {
+            let len: usize = len.parse().unwrap();
+            while self.buf.len() < len {
+                assert!(self.fill(), "closed mid-body");
+            }
+            body = self.buf.drain(..len).collect();
+            pieces.push((Instant::now(), body.clone()));
+        } else if get("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+            loop {
+                let (size, n) = loop {
+                    if let Ok(httparse::Status::Complete((n, size))) =
+                        httparse::parse_chunk_size(&self.buf)
+                    {
+                        break (size as usize, n);
+                    }
+                    assert!(self.fill(), "closed mid-chunk-size");
+                };
+                while self.buf.len() < n + size + 2 {
+                    assert!(self.fill(), "closed mid-chunk");
+                }
+                let data: Vec<u8> = self.buf[n..n + size].to_vec();
+                assert_eq!(&self.buf[n + size..n + size + 2], b"\r\n");
+                self.buf.drain(..n + size + 2);
+                if size == 0 {
+                    break;
+                }
+                pieces.push((Instant::now(), data.clone()));
+                body.extend_from_slice(&data);
+            }
+        } else {
+            while self.fill() {}
+            body = std::mem::take(&mut self.buf);
+            pieces.push((Instant::now(), body.clone()));
+        }
+        Response {
+            status,
+            headers,
+            body,
+            pieces,
+        }
+    }
+
+    /// Reads until the peer closes; true if it closed (EOF or reset) within the read timeout.
+    pub fn closed(&mut self) -> bool {
+        let mut tmp = [0u8; 4096];
+        loop {
+            match self.stream.read(&mut tmp) {
+                Ok(0) => return true,
+                Ok(n) => self.buf.extend_from_slice(&tmp[..n]),
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::WouldBlock
+                        || e.kind() == std::io::ErrorKind::TimedOut =>
+                {
+                    return false;
+                }
+                Err(_) => return true,
+            }
+        }
+    }
+
+    fn fill(&mut self) -> bool {
+        fill(&mut self.stream, &mut self.buf)
+    }
+}
+
+/// A POST with a JSON body.
+pub fn post(path: &str, body: &str) -> Vec<u8> {
+    format!(
+        "POST {path} HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .into_bytes()
+}
+
+/// A minimal chat completion request for `model`.
+pub fn chat(model: &str) -> Vec<u8> {
+    post(
+        "/v1/chat/completions",
+        &format!(r#"{{"model":"{model}","messages":[{{"role":"user","content":"hi"}}]}}"#),
+    )
+}
+
+/// A GET without a body.
+pub fn get(path: &str) -> Vec<u8> {
+    format!("GET {path} HTTP/1.1\r\nhost: t\r\n\r\n").into_bytes()
+}
+
+/// One request on a fresh connection.
+pub fn once(addr: SocketAddr, raw: &[u8]) -> Response {
+    Client::connect(addr).request(raw)
+}
+
+/// Sends `raw` on a fresh connection from another thread; join for the response.
+pub fn spawn_request(addr: SocketAddr, raw: Vec<u8>) -> std::thread::JoinHandle<Response> {
+    std::thread::spawn(move || once(addr, &raw))
+}

@@ -1,0 +1,29 @@
+//! Spillway's test kit, shared by `tests/` and `bench/`: fake workers on port 0, a raw
+//! HTTP/1.1 client, the proxy started in-process from a TOML snippet, admin calls, a
+//! counting allocator, and the rule for tests that need an outside tool.
+//!
+//! A test writes `use spillway_testkit::*;` for the common items re-exported here.
+
+#![deny(unsafe_code)]
+// A test kit reports a broken expectation the way a test does: by panicking.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+// Tests time what they observe; only the proxy's own code must go through its clock.
+#![allow(clippy::disallowed_methods)]
+
+pub mod admin;
+pub mod alloc;
+pub mod client;
+pub mod proxy;
+pub mod tools;
+pub mod upstream;
+pub mod wait;
+
+pub use admin::{admin_call, admin_get, admin_post, metric_value, metrics, promtool_problems};
+pub use client::{Client, Response, chat, get, once, post, spawn_request};
+pub use proxy::{
+    ConfigFile, ServerHandle, model, proxy, proxy_file, proxy_with, test_head, worker_name,
+};
+pub use upstream::{
+    Held, Reply, SSE_HEAD, Seen, Step, Upstream, chunk, echo_upstream, json_response, upstream,
+};
+pub use wait::eventually;

@@ -1,0 +1,47 @@
+//! Outside tools some tests need (promtool, the Python `openai` package): a test skips
+//! where its tool is missing, and fails instead under CI.
+
+use std::ffi::OsStr;
+use std::fmt::Display;
+
+/// Whether this is a CI run: `CI` is set, non-empty, and neither `0` nor `false`.
+pub fn in_ci() -> bool {
+    says_ci(std::env::var_os("CI").as_deref())
+}
+
+fn says_ci(value: Option<&OsStr>) -> bool {
+    value.is_some_and(|v| !v.is_empty() && v != "0" && !v.eq_ignore_ascii_case("false"))
+}
+
+/// Called when `tool` cannot run (`why` says what failed): panics under CI ([`in_ci`]),
+/// else prints that the test is skipped; the caller then returns without checking.
+#[track_caller]
+pub fn skip_missing_tool(tool: &str, why: impl Display) {
+    assert!(
+        !in_ci(),
+        "{tool} is required when CI is set but is not available ({why})"
+    );
+    eprintln!("skipping: {tool} is not available ({why})");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::says_ci;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn ci_is_any_value_but_empty_zero_or_false() {
+        for (value, ci) in [
+            (None, false),
+            (Some(""), false),
+            (Some("0"), false),
+            (Some("false"), false),
+            (Some("FALSE"), false),
+            (Some("1"), true),
+            (Some("true"), true),
+            (Some("yes"), true),
+        ] {
+            assert_eq!(says_ci(value.map(OsStr::new)), ci, "CI={value:?}");
+        }
+    }
+}
