@@ -1,5 +1,5 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-//! What does one routing decision cost on the data path? As `upstream::forward::pick` does
+//! What does one routing decision cost on the data path? As `proxy::pick` (src/proxy/pick.rs) does
 //! it: load the core's busy replica through its `arc_swap::Cache`, build each member's
 //! `MemberState` from the busy set, the worker's down mark and this core's in-flight count,
 //! and run `route::pick`, for a model of 8 and of 64 members in round-robin, power-of-two
@@ -27,7 +27,7 @@ struct Core {
     rng: RefCell<Rng>,
 }
 
-/// `upstream::forward::pick` minus the direct-mode branch: no request failed yet.
+/// `proxy::pick` (src/proxy/pick.rs) minus the direct-mode branch: no request failed yet.
 fn pick(core: &Core, snap: &Snapshot, model_idx: usize, now: u64) -> Pick {
     let failed: u128 = 0;
     let model = &snap.models[model_idx];

@@ -13,7 +13,7 @@ import re
 import sys
 
 
-# --- capacity from the time model (src/mock/mod.rs) -------------------------------------
+# --- capacity from the time model (mock/src/lib.rs) -------------------------------------
 def model_capacity(a):
     """Requests/s one engine completes at saturation.
 
