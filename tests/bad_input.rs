@@ -117,6 +117,27 @@ fn slow_header_gets_408_then_close() {
 }
 
 #[test]
+fn stalled_body_gets_its_own_408_then_close() {
+    // The idle timeout is long: only the body timeout can end this request.
+    let (up, p) = setup("[limits]\nbody_read_timeout_ms = 200\nidle_timeout_ms = 60000");
+    let mut c = Client::connect(p.data_addr);
+    c.send(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: h\r\nContent-Length: 40\r\n\r\n{\"model\"",
+    );
+    let r = c.response();
+    assert_eq!(r.status, 408, "{}", r.text());
+    assert_eq!(
+        r.json()["message"],
+        "timed out reading the request body",
+        "{}",
+        r.text()
+    );
+    assert_eq!(r.header("connection"), Some("close"));
+    assert!(c.closed());
+    assert_eq!(up.count(), 0);
+}
+
+#[test]
 fn idle_keep_alive_connection_closes_silently() {
     let (_up, p) = setup("[limits]\nidle_timeout_ms = 200");
     let mut c = Client::connect(p.data_addr);

@@ -301,6 +301,47 @@ fn router_mode_change_applies_on_reload() {
     assert_eq!(b.count(), before + 1);
 }
 
+/// Names resolve at start and on reload, on the control thread's blocking pool; one that
+/// does not resolve fails the reload, which changes nothing.
+#[test]
+fn reload_to_an_unresolvable_worker_changes_nothing() {
+    let up = echo_upstream("a");
+    let file = ConfigFile::new(&format!(
+        "{}{}",
+        test_head(1),
+        model("m", "", &[up.url().replace("127.0.0.1", "localhost")])
+    ));
+    let p = proxy_file(&file);
+    assert_eq!(
+        once(p.data_addr, &chat("m")).status,
+        200,
+        "localhost resolves"
+    );
+    let unresolvable = "http://no-such-host.invalid:1".to_string();
+    file.write(&format!(
+        "{}{}",
+        test_head(1),
+        model("m", "", &[unresolvable])
+    ));
+    let r = admin_post(p.admin_addr, "/reload", "");
+    assert_eq!(r.status, 400, "{}", r.text());
+    assert!(
+        r.text().contains("cannot resolve `no-such-host.invalid`"),
+        "{}",
+        r.text()
+    );
+    let m = metrics(p.admin_addr);
+    assert_eq!(
+        metric_value(&m, "spillway_config_reloads_total{result=\"error\"}"),
+        Some(1.0)
+    );
+    assert_eq!(
+        once(p.data_addr, &chat("m")).status,
+        200,
+        "the old config serves"
+    );
+}
+
 #[test]
 fn reload_without_a_file_is_refused() {
     let up = echo_upstream("a");

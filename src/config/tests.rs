@@ -142,3 +142,17 @@ fn effective_config_round_trips_through_toml() {
     let text = c.to_toml();
     assert!(text.contains("listen = \"127.0.0.1:8000\""), "{text}");
 }
+
+#[test]
+fn validation_resolves_nothing() {
+    // A name that no resolver knows is valid config: resolving happens at start and reload.
+    let c = parse("[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://no-such-host.invalid:9/\"\nmetrics_url = \"http://metrics.invalid:7/m\"\n").unwrap();
+    let w = &c.workers[0];
+    assert_eq!(w.endpoint.to_string(), "no-such-host.invalid:9");
+    assert_eq!(
+        (w.metrics.to_string().as_str(), w.metrics_path.as_str()),
+        ("metrics.invalid:7", "/m")
+    );
+    assert_eq!(w.name, "no-such-host.invalid:9");
+    assert!(Addrs::literals(&c).is_none());
+}
