@@ -113,37 +113,36 @@ impl MockArgs {
 const PROXY_OPTIONS: &str = "Proxy options";
 
 /// Dynamo-compatible knobs: defaults for every model, below per-model keys in the file.
+/// Each also reads its environment variable (a flag wins over it); as in Dynamo, an
+/// environment value that is empty or `None` means unset.
 #[derive(Debug, Clone, Default, clap::Args)]
 #[command(next_help_heading = PROXY_OPTIONS)]
 pub struct Knobs {
-    /// Busy when used KV blocks exceed this fraction of the total (0.0..=1.0).
-    #[arg(long, env = "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD", global = true)]
+    /// Busy when used KV blocks exceed this fraction of the total (0.0..=1.0)
+    /// [env: DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD].
+    #[arg(long, global = true)]
     pub active_decode_blocks_threshold: Option<f64>,
-    /// Busy when active prefill tokens exceed this count.
-    #[arg(long, env = "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD", global = true)]
+    /// Busy when active prefill tokens exceed this count
+    /// [env: DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD].
+    #[arg(long, global = true)]
     pub active_prefill_tokens_threshold: Option<u64>,
-    /// Busy when active prefill tokens exceed this fraction of max_num_batched_tokens.
-    #[arg(long, env = "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC", global = true)]
+    /// Busy when active prefill tokens exceed this fraction of max_num_batched_tokens
+    /// [env: DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC].
+    #[arg(long, global = true)]
     pub active_prefill_tokens_threshold_frac: Option<f64>,
-    /// Router mode for models that do not set one.
-    #[arg(long, env = "DYN_ROUTER_MODE", global = true, value_parser = parse_router_mode)]
+    /// Router mode for models that do not set one [env: DYN_ROUTER_MODE].
+    #[arg(long, global = true, value_parser = parse_router_mode)]
     pub router_mode: Option<RouterMode>,
-    /// Engine slots per worker (N) for workers that do not set `engine_request_limit`.
-    #[arg(long, env = "DYN_ENGINE_REQUEST_LIMIT", global = true)]
+    /// Engine slots per worker (N) for workers that do not set `engine_request_limit`
+    /// [env: DYN_ENGINE_REQUEST_LIMIT].
+    #[arg(long, global = true)]
     pub engine_request_limit: Option<u32>,
-    /// Waiting places per worker (Q, at least 2) for workers that do not set one.
-    #[arg(
-        long,
-        env = "DYN_DYNAMO_REQUEST_QUEUE_LIMIT",
-        global = true,
-        hide = true
-    )]
-    pub request_queue_limit: Option<u32>,
-    /// How many times a refused request may move to another worker.
-    #[arg(long, env = "DYN_MIGRATION_LIMIT", global = true)]
+    /// How many times a refused request may move to another worker [env: DYN_MIGRATION_LIMIT].
+    #[arg(long, global = true)]
     pub migration_limit: Option<u32>,
-    /// Count generated tokens into router-tracked decode blocks.
-    #[arg(long, env = "DYN_ROUTER_TRACK_OUTPUT_BLOCKS", global = true, num_args = 0..=1, default_missing_value = "true")]
+    /// Count generated tokens into router-tracked decode blocks
+    /// [env: DYN_ROUTER_TRACK_OUTPUT_BLOCKS].
+    #[arg(long, global = true, num_args = 0..=1, default_missing_value = "true")]
     pub router_track_output_blocks: Option<bool>,
 }
 
@@ -156,23 +155,83 @@ fn parse_router_mode(s: &str) -> Result<RouterMode, String> {
     })
 }
 
+fn parse_bool(s: &str) -> Result<bool, String> {
+    match s.to_ascii_lowercase().as_str() {
+        "true" | "1" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(format!("`{s}` is not true or false")),
+    }
+}
+
+/// A knob from the flag, else from the environment variable `var`: empty or `None` there
+/// means unset (Dynamo's convention); anything else must parse.
+fn knob<T>(
+    flag: Option<T>,
+    var: &str,
+    env: &impl Fn(&str) -> Option<String>,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> Result<Option<T>, String> {
+    if flag.is_some() {
+        return Ok(flag);
+    }
+    match env(var).as_deref().map(str::trim) {
+        None | Some("" | "None") => Ok(None),
+        Some(v) => parse(v).map(Some).map_err(|e| format!("{var}={v}: {e}")),
+    }
+}
+
+fn number<T: std::str::FromStr>(v: &str) -> Result<T, String>
+where
+    T::Err: std::fmt::Display,
+{
+    v.parse().map_err(|e: T::Err| e.to_string())
+}
+
 impl Knobs {
-    /// The overrides these knobs (and `DYN_HTTP_OVERLOAD_STATUS_CODE`) make.
-    pub fn overrides(&self, env: impl Fn(&str) -> Option<String>) -> Overrides {
-        Overrides {
+    /// The overrides these knobs and their environment variables make, with
+    /// `DYN_HTTP_OVERLOAD_STATUS_CODE`, `DYN_DYNAMO_REQUEST_QUEUE_LIMIT` and
+    /// `SPILLWAY_ADMIN_TOKEN`. An unparsable environment value is an error naming it.
+    pub fn overrides(&self, env: impl Fn(&str) -> Option<String>) -> Result<Overrides, String> {
+        let env = &env;
+        Ok(Overrides {
             thresholds: Thresholds {
-                active_decode_blocks_threshold: self.active_decode_blocks_threshold,
-                active_prefill_tokens_threshold: self.active_prefill_tokens_threshold,
-                active_prefill_tokens_threshold_frac: self.active_prefill_tokens_threshold_frac,
+                active_decode_blocks_threshold: knob(
+                    self.active_decode_blocks_threshold,
+                    "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD",
+                    env,
+                    number,
+                )?,
+                active_prefill_tokens_threshold: knob(
+                    self.active_prefill_tokens_threshold,
+                    "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD",
+                    env,
+                    number,
+                )?,
+                active_prefill_tokens_threshold_frac: knob(
+                    self.active_prefill_tokens_threshold_frac,
+                    "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC",
+                    env,
+                    number,
+                )?,
             },
-            router_mode: self.router_mode,
-            track_output_blocks: self.router_track_output_blocks,
+            router_mode: knob(self.router_mode, "DYN_ROUTER_MODE", env, parse_router_mode)?,
+            track_output_blocks: knob(
+                self.router_track_output_blocks,
+                "DYN_ROUTER_TRACK_OUTPUT_BLOCKS",
+                env,
+                parse_bool,
+            )?,
             overload_status_env: env("DYN_HTTP_OVERLOAD_STATUS_CODE"),
-            engine_request_limit: self.engine_request_limit,
-            request_queue_limit: self.request_queue_limit,
-            migration_limit: self.migration_limit,
+            engine_request_limit: knob(
+                self.engine_request_limit,
+                "DYN_ENGINE_REQUEST_LIMIT",
+                env,
+                number,
+            )?,
+            request_queue_limit: knob(None, "DYN_DYNAMO_REQUEST_QUEUE_LIMIT", env, number)?,
+            migration_limit: knob(self.migration_limit, "DYN_MIGRATION_LIMIT", env, number)?,
             admin_token_env: env("SPILLWAY_ADMIN_TOKEN"),
-        }
+        })
     }
 }
 
@@ -244,7 +303,58 @@ mod tests {
     #[test]
     fn overload_env_is_read_through_the_lookup() {
         let o = Knobs::default()
-            .overrides(|k| (k == "DYN_HTTP_OVERLOAD_STATUS_CODE").then(|| "429".to_string()));
+            .overrides(|k| (k == "DYN_HTTP_OVERLOAD_STATUS_CODE").then(|| "429".to_string()))
+            .unwrap();
         assert_eq!(o.overload_status_env.as_deref(), Some("429"));
+    }
+
+    fn with_env(pairs: &[(&str, &str)]) -> Result<Overrides, String> {
+        let pairs: Vec<(String, String)> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Knobs::default()
+            .overrides(move |k| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+    }
+
+    #[test]
+    fn dyn_env_none_and_empty_mean_unset() {
+        let vars = [
+            "DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD",
+            "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD",
+            "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC",
+            "DYN_ROUTER_MODE",
+            "DYN_ROUTER_TRACK_OUTPUT_BLOCKS",
+            "DYN_ENGINE_REQUEST_LIMIT",
+            "DYN_DYNAMO_REQUEST_QUEUE_LIMIT",
+            "DYN_MIGRATION_LIMIT",
+        ];
+        for unset in ["None", "", "  "] {
+            let env: Vec<(&str, &str)> = vars.iter().map(|v| (*v, unset)).collect();
+            assert_eq!(with_env(&env), Ok(Overrides::default()), "{unset:?}");
+        }
+        let o = with_env(&[
+            ("DYN_ACTIVE_DECODE_BLOCKS_THRESHOLD", "0.5"),
+            ("DYN_ROUTER_MODE", "random"),
+            ("DYN_ROUTER_TRACK_OUTPUT_BLOCKS", "true"),
+            ("DYN_DYNAMO_REQUEST_QUEUE_LIMIT", "4"),
+        ])
+        .unwrap();
+        assert_eq!(o.thresholds.active_decode_blocks_threshold, Some(0.5));
+        assert_eq!(o.router_mode, Some(RouterMode::Random));
+        assert_eq!(o.track_output_blocks, Some(true));
+        assert_eq!(o.request_queue_limit, Some(4));
+        let err = with_env(&[("DYN_ENGINE_REQUEST_LIMIT", "lots")]).unwrap_err();
+        assert!(err.starts_with("DYN_ENGINE_REQUEST_LIMIT=lots: "), "{err}");
+    }
+
+    #[test]
+    fn a_flag_wins_over_its_env_var() {
+        let cli = Cli::try_parse_from(["spillway", "--migration-limit", "2"]).unwrap();
+        let o = cli
+            .knobs
+            .overrides(|k| (k == "DYN_MIGRATION_LIMIT").then(|| "5".to_string()))
+            .unwrap();
+        assert_eq!(o.migration_limit, Some(2));
     }
 }

@@ -31,7 +31,10 @@ fn run() -> anyhow::Result<()> {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let cli = Cli::parse();
-    let overrides = cli.knobs.overrides(|k| std::env::var(k).ok());
+    let overrides = cli
+        .knobs
+        .overrides(|k| std::env::var(k).ok())
+        .map_err(|e| anyhow::anyhow!("invalid environment variable {e}"))?;
 
     match (&cli.command, &cli.config) {
         (Some(Command::CheckConfig { file }), _) => check_config(file, &overrides),

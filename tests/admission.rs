@@ -5,6 +5,7 @@
 //! zero after any mix of faults.
 
 use spillway_testkit::*;
+use std::thread::JoinHandle;
 use std::time::Duration;
 
 const AT_CAPACITY: &str = "Server overloaded: worker at capacity";
@@ -142,20 +143,20 @@ fn queued_requests_run_in_arrival_order_and_time_out() {
     );
 }
 
-#[test]
-fn refused_request_migrates_and_the_refusing_worker_is_skipped_until_the_next_publish() {
+/// Fills worker a (one running, two queued) and sends the next request, which a refuses
+/// and b serves. Returns what the test needs to wind down.
+fn fill_a_then_refuse(hold_ms: u64) -> (Held, Upstream, ServerHandle, Vec<JoinHandle<Response>>) {
     let a = Held::new("a");
     let b = echo_upstream("b");
-    // A long monitor interval keeps the overloaded mark for the whole check.
     let p = proxy(
         1,
         &format!(
-            "monitor_interval_ms = 60000\n[[models]]\nname = \"m\"\n{}{}",
+            "[limits]\nworker_refusal_hold_ms = {hold_ms}\n[[models]]\nname = \"m\"\n{}{}",
             gated("a", &a.url(), 1, 2, ""),
             gated("b", &b.url(), 1, 2, "")
         ),
     );
-    // Fill a: one running, two queued (round-robin alternates a and b).
+    // Round-robin alternates a and b.
     let mut pending = Vec::new();
     for i in 0..6 {
         let h = spawn_request(p.data_addr, body(&format!("r{i}")));
@@ -170,23 +171,65 @@ fn refused_request_migrates_and_the_refusing_worker_is_skipped_until_the_next_pu
             assert_eq!(h.join().unwrap().text(), r#"{"worker":"b"}"#);
         }
     }
-    // The next request for a is refused there and completes on b.
     let r = once(p.data_addr, &body("migrated"));
     assert_eq!(r.status, 200);
     assert_eq!(r.text(), r#"{"worker":"b"}"#);
-    let migrations =
-        "dynamo_frontend_model_migration_total{model=\"m\",reason=\"worker_at_capacity\"}";
-    assert_eq!(gauge(&p, migrations), 1.0);
-    // Until the next publish a is skipped: no further refusal, no further migration.
+    (a, b, p, pending)
+}
+
+const MIGRATIONS: &str =
+    "dynamo_frontend_model_migration_total{model=\"m\",migration_type=\"new_request\"}";
+const MOVED_AT_CAPACITY: &str =
+    "spillway_migrations_total{model=\"m\",reason=\"worker_at_capacity\"}";
+
+#[test]
+fn a_refusing_worker_stays_out_of_rotation_whatever_the_monitor_publishes() {
+    let (a, _b, p, pending) = fill_a_then_refuse(60_000);
+    assert_eq!(gauge(&p, MIGRATIONS), 1.0);
+    assert_eq!(gauge(&p, MOVED_AT_CAPACITY), 1.0);
+    // A new busy-set generation before each request (a threshold set, then unset): a
+    // stays skipped, so no further refusal, no further migration.
+    let publishes = gauge(&p, "spillway_busy_publish_total");
     for i in 0..4 {
+        let threshold = r#"{"model":"m","active_decode_blocks_threshold":0.99}"#;
+        let r = if i % 2 == 0 {
+            admin_post(p.admin_addr, "/busy_threshold", threshold)
+        } else {
+            admin_call(
+                p.admin_addr,
+                "DELETE",
+                "/busy_threshold",
+                Some("application/json"),
+                r#"{"model":"m"}"#,
+            )
+        };
+        assert_eq!(r.status, 200, "{}", r.text());
         let r = once(p.data_addr, &body(&format!("after{i}")));
         assert_eq!(r.text(), r#"{"worker":"b"}"#);
     }
-    assert_eq!(gauge(&p, migrations), 1.0);
+    assert!(gauge(&p, "spillway_busy_publish_total") >= publishes + 4.0);
+    assert_eq!(gauge(&p, MIGRATIONS), 1.0);
     assert_eq!(
         gauge(&p, "dynamo_rejection_request_total{worker=\"a\"}"),
         1.0
     );
+    a.release(3);
+    for h in pending {
+        assert_eq!(h.join().unwrap().status, 200);
+    }
+}
+
+#[test]
+fn the_refusal_hold_ends_and_the_worker_is_tried_again() {
+    let (a, _b, p, pending) = fill_a_then_refuse(200);
+    std::thread::sleep(Duration::from_millis(400));
+    // a is tried again (round-robin reaches it within two requests), still full: another
+    // refusal, another migration.
+    for i in 0..2 {
+        let r = once(p.data_addr, &body(&format!("later{i}")));
+        assert_eq!(r.text(), r#"{"worker":"b"}"#);
+    }
+    assert!(gauge(&p, MOVED_AT_CAPACITY) >= 2.0);
     a.release(3);
     for h in pending {
         assert_eq!(h.join().unwrap().status, 200);
@@ -269,7 +312,7 @@ fn front_spillway_migrates_on_a_back_spillways_529() {
     assert_eq!(
         gauge(
             &front,
-            "dynamo_frontend_model_migration_total{model=\"m\",reason=\"upstream_overloaded\"}"
+            "spillway_migrations_total{model=\"m\",reason=\"upstream_overloaded\"}"
         ),
         1.0
     );
@@ -280,6 +323,36 @@ fn front_spillway_migrates_on_a_back_spillways_529() {
     w1.release(3);
     for h in pending {
         assert_eq!(h.join().unwrap().status, 200);
+    }
+}
+
+/// What a worker's status means with each configured overload status: a 2xx is always
+/// the answer; the configured code is a refusal (migrate) only when it is 429 or 5xx.
+#[test]
+fn upstream_statuses_are_read_by_their_class() {
+    // (configured overload status, what the first worker answers, what the client gets)
+    let cases: [(u16, u16, (u16, &str)); 4] = [
+        (200, 200, (200, "first")),
+        (400, 400, (400, "first")),
+        (429, 400, (400, "first")),
+        (429, 429, (200, "second")),
+    ];
+    for (configured, answer, (status, from)) in cases {
+        let first = upstream(move |_| Reply::Raw(json_response(answer, r#"{"from":"first"}"#)));
+        let second = upstream(|_| Reply::Raw(json_response(200, r#"{"from":"second"}"#)));
+        let p = proxy(
+            1,
+            &format!(
+                "overload_status_code = {configured}\n{}",
+                model("m", "", &[first.url(), second.url()])
+            ),
+        );
+        let r = once(p.data_addr, &body("x"));
+        let label = format!("configured {configured}, worker answers {answer}");
+        // Round-robin starts with the first worker.
+        assert_eq!(r.status, status, "{label}: {}", r.text());
+        assert_eq!(r.json()["from"], from, "{label}");
+        assert_eq!(first.count(), 1, "{label}");
     }
 }
 

@@ -276,6 +276,9 @@ fn dynamo_flags_and_env_vars_configure_every_model() {
         .env("DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD", "5000")
         .env("DYN_ENGINE_REQUEST_LIMIT", "8")
         .env("DYN_MIGRATION_LIMIT", "1")
+        // Dynamo's convention: `None` or empty means unset.
+        .env("DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC", "None")
+        .env("DYN_ROUTER_TRACK_OUTPUT_BLOCKS", "")
         .output()
         .unwrap();
     assert!(
@@ -300,6 +303,12 @@ fn dynamo_flags_and_env_vars_configure_every_model() {
         Some(8)
     );
     assert_eq!(effective["migration_limit"].as_integer(), Some(1));
+    assert!(
+        m["thresholds"]
+            .get("active_prefill_tokens_threshold_frac")
+            .is_none()
+    );
+    assert_eq!(m["track_output_blocks"].as_bool(), Some(false));
     assert!(String::from_utf8_lossy(&out.stderr).contains("configuration OK"));
 
     // A bad file: non-zero exit, the key and line in the message.

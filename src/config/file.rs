@@ -44,6 +44,7 @@ pub struct FileLimits {
     pub pool_max_idle_per_worker: Option<usize>,
     pub worker_down_backoff_ms: Option<Spanned<u64>>,
     pub worker_down_backoff_max_ms: Option<Spanned<u64>>,
+    pub worker_refusal_hold_ms: Option<Spanned<u64>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -206,6 +206,10 @@ impl<'a> Validator<'a> {
                 &l.worker_down_backoff_max_ms,
                 d.worker_down_backoff_max_ms,
             )?,
+            worker_refusal_hold_ms: l
+                .worker_refusal_hold_ms
+                .as_ref()
+                .map_or(d.worker_refusal_hold_ms, |v| *v.get_ref()),
         };
         if let Some(s) = l.max_header_bytes.as_ref().filter(|s| *s.get_ref() < 1024) {
             return self.err(

@@ -75,6 +75,10 @@ pub mod defaults {
     pub const POOL_MAX_IDLE_PER_WORKER: usize = 128;
     pub const WORKER_DOWN_BACKOFF_MS: u64 = 1_000;
     pub const WORKER_DOWN_BACKOFF_MAX_MS: u64 = 30_000;
+    /// A worker that refused a request (slots and queue full, queue timeout, its own
+    /// 529) is skipped this long, whatever the monitor publishes meanwhile (0: not at all).
+    /// About as long as a few load reports take to arrive.
+    pub const WORKER_REFUSAL_HOLD_MS: u64 = 100;
 }
 
 /// Runtime limits, validated from config.
@@ -92,6 +96,7 @@ pub struct Limits {
     pub pool_max_idle_per_worker: usize,
     pub worker_down_backoff_ms: u64,
     pub worker_down_backoff_max_ms: u64,
+    pub worker_refusal_hold_ms: u64,
 }
 
 impl Default for Limits {
@@ -110,6 +115,7 @@ impl Default for Limits {
             pool_max_idle_per_worker: POOL_MAX_IDLE_PER_WORKER,
             worker_down_backoff_ms: WORKER_DOWN_BACKOFF_MS,
             worker_down_backoff_max_ms: WORKER_DOWN_BACKOFF_MAX_MS,
+            worker_refusal_hold_ms: WORKER_REFUSAL_HOLD_MS,
         }
     }
 }

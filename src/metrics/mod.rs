@@ -41,7 +41,8 @@ fn per_model(snap: &Snapshot, value: impl Fn(&Model) -> f64) -> Series {
 
 /// Requests, rejections and migrations per model (Dynamo's frontend counters).
 fn requests(f: &mut Families, snap: &Snapshot) {
-    let (mut requests, mut rejections, mut migrations) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut requests, mut rejections) = (Vec::new(), Vec::new());
+    let (mut migrations, mut migration_reasons) = (Vec::new(), Vec::new());
     for model in snap.models.iter() {
         let m = &model.metrics;
         for e in Endpoint::ALL {
@@ -66,12 +67,20 @@ fn requests(f: &mut Families, snap: &Snapshot) {
                 rejections.push((labels(&l), n as f64));
             }
         }
+        let mut total = 0;
         for reason in MigrationReason::ALL {
             let n = m.migrations(reason);
+            total += n;
             if n > 0 {
                 let l = [("model", &*model.name), ("reason", reason.label())];
-                migrations.push((labels(&l), n as f64));
+                migration_reasons.push((labels(&l), n as f64));
             }
+        }
+        if total > 0 {
+            // Spillway moves a request only before any response byte: Dynamo's
+            // `new_request` migration (never `ongoing_request`).
+            let l = [("model", &*model.name), ("migration_type", "new_request")];
+            migrations.push((labels(&l), total as f64));
         }
     }
     f.counter(
@@ -88,6 +97,11 @@ fn requests(f: &mut Families, snap: &Snapshot) {
         "dynamo_frontend_model_migration_total",
         "Total number of request migrations due to worker unavailability",
         migrations,
+    );
+    f.counter(
+        "spillway_migrations_total",
+        "Requests moved to another worker, by the refusal that moved them",
+        migration_reasons,
     );
     f.gauge(
         "dynamo_frontend_inflight_requests",

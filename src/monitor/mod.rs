@@ -116,13 +116,7 @@ impl Monitor {
             staleness,
             &mut self.scratch,
         );
-        // Workers marked overloaded by a refusal are skipped until the next publication:
-        // publish a new generation even when the set itself did not change.
-        let marked = snap
-            .workers
-            .iter()
-            .any(|w| w.state.is_overloaded(self.published.generation));
-        if self.scratch == *self.published && !marked {
+        if self.scratch == *self.published {
             return false;
         }
         let mut next = self.scratch.clone();

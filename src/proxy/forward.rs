@@ -127,7 +127,7 @@ async fn exchange<F: Future<Output = ReadDone>>(
     let mut tries = Tries::default();
     loop {
         let now = clock::now_ms();
-        let (pos, generation) = match pick(ctx, req, worker_id.get(), tries.excluded, now) {
+        let pos = match pick(ctx, req, worker_id.get(), tries.excluded, now) {
             Ok(p) => p,
             // Refused by every worker tried, and nothing left: say why they refused.
             Err(RequestError::Overloaded | RequestError::WorkerOverloaded(_))
@@ -151,7 +151,7 @@ async fn exchange<F: Future<Output = ReadDone>>(
         };
         match e {
             AttemptError::Refused(refusal) => {
-                if let Some(last) = refused(ctx, req, worker, refusal, now, generation, &tries) {
+                if let Some(last) = refused(ctx, req, worker, refusal, &tries) {
                     return Forwarded::Rejected(last);
                 }
                 tries.migrations += 1;
@@ -175,14 +175,16 @@ fn refused(
     req: &Outbound<'_>,
     worker: &Worker,
     refusal: Refusal,
-    now: u64,
-    generation: u64,
     tries: &Tries,
 ) -> Option<RequestError> {
     let limits = &req.snap.config.limits;
+    // The attempt may have waited in a queue or for the worker's answer: read the clock.
+    let now = clock::now_ms();
     match refusal {
         Refusal::UpstreamUnavailable => worker.state.inhibit(now, limits.worker_down_backoff_ms),
-        _ => worker.state.mark_overloaded(generation),
+        _ => worker
+            .state
+            .mark_overloaded(now, limits.worker_refusal_hold_ms),
     }
     let migrations = tries.migrations;
     tracing::debug!(worker = %worker.cfg.name, ?refusal, migrations, "worker refused the request");

@@ -30,28 +30,24 @@ impl Excluded {
     }
 }
 
-/// Picks a member: its position in the model's list and the busy-set generation the
-/// decision read.
+/// Picks a member: its position in the model's list.
 pub(super) fn pick(
     ctx: &CoreCtx,
     req: &Outbound<'_>,
     worker_id: Option<&[u8]>,
     ex: Excluded,
     now: u64,
-) -> Result<(usize, u64), RequestError> {
+) -> Result<usize, RequestError> {
     let (model, snap) = (req.model, req.snap);
     let mut cache = ctx.busy.borrow_mut();
     let busy = cache.load();
     let shed = busy.enabled(model.id);
-    let generation = busy.generation;
     let state = |i: usize| {
         let m = model.members[i];
         let w = &snap.workers[m.worker as usize].state;
         MemberState {
             unreachable: w.is_down(now) || ex.failed & bit(i) != 0,
-            busy: (shed && busy.is_busy(m.id))
-                || w.is_overloaded(generation)
-                || ex.refused & bit(i) != 0,
+            busy: (shed && busy.is_busy(m.id)) || w.is_overloaded(now) || ex.refused & bit(i) != 0,
             inflight: w.inflight_on(ctx.id),
             load: busy.load(m.id),
         }
@@ -64,14 +60,12 @@ pub(super) fn pick(
                 .name
                 .as_bytes()
         };
-        return route::pick_direct(worker_id, n, name, state)
-            .map(|i| (i, generation))
-            .map_err(|r| match r {
-                DirectRefusal::MissingHeader => RequestError::DirectMissingHeader,
-                DirectRefusal::UnknownWorker => RequestError::DirectUnknownWorker,
-                DirectRefusal::Busy => RequestError::DirectBusy,
-                DirectRefusal::Unreachable => RequestError::Unavailable,
-            });
+        return route::pick_direct(worker_id, n, name, state).map_err(|r| match r {
+            DirectRefusal::MissingHeader => RequestError::DirectMissingHeader,
+            DirectRefusal::UnknownWorker => RequestError::DirectUnknownWorker,
+            DirectRefusal::Busy => RequestError::DirectBusy,
+            DirectRefusal::Unreachable => RequestError::Unavailable,
+        });
     }
     let mut rr = ctx.rr(model.id);
     let picked = route::pick(
@@ -83,7 +77,7 @@ pub(super) fn pick(
     );
     ctx.set_rr(model.id, rr);
     match picked {
-        Pick::Member(i) => Ok((i, generation)),
+        Pick::Member(i) => Ok(i),
         // Nothing busy by the published set: what excluded the rest were worker-local
         // refusals (this request's, or marks since the last publish). Say so.
         Pick::Overloaded if !(shed && model.members.iter().any(|m| busy.is_busy(m.id))) => {

@@ -1,6 +1,6 @@
 //! Stage: the worker's response head, read while the client is watched and bounded by
 //! `upstream_first_byte_timeout_ms`. Interim 1xx heads are skipped; a 529 or 503 before
-//! any body byte is a worker-local refusal, so the request may migrate.
+//! any body byte is a worker-local refusal, so the request may migrate (semantics §6).
 
 use std::future::Future;
 use std::time::Duration;
@@ -60,11 +60,15 @@ pub(super) async fn read_response_head<F: Future<Output = ReadDone>>(
     }
 }
 
-/// A refusal by the worker itself, from its status before any body byte.
+/// A refusal by the worker itself, from its status before any body byte: 529, and the
+/// configured overload status when it is 429 or 5xx (a front Spillway before a back one
+/// configured alike), say "overloaded"; 503 says "unavailable". Anything else, a 2xx
+/// above all, is the worker's answer and goes to the client as it is.
 pub(super) fn refusal(status: u16, overload_status: u16) -> Option<Refusal> {
+    let overload_like = |s: u16| s == 429 || (500..600).contains(&s);
     match status {
         529 => Some(Refusal::UpstreamOverloaded),
-        s if s == overload_status => Some(Refusal::UpstreamOverloaded),
+        s if s == overload_status && overload_like(s) => Some(Refusal::UpstreamOverloaded),
         503 => Some(Refusal::UpstreamUnavailable),
         _ => None,
     }
@@ -74,12 +78,32 @@ pub(super) fn refusal(status: u16, overload_status: u16) -> Option<Refusal> {
 mod tests {
     use super::*;
 
+    /// (upstream status, configured overload status, refusal)
+    const STATUSES: &[(u16, u16, Option<Refusal>)] = &[
+        (529, 529, Some(Refusal::UpstreamOverloaded)),
+        (529, 200, Some(Refusal::UpstreamOverloaded)),
+        (503, 529, Some(Refusal::UpstreamUnavailable)),
+        (503, 503, Some(Refusal::UpstreamOverloaded)),
+        (429, 429, Some(Refusal::UpstreamOverloaded)),
+        (429, 529, None),
+        (500, 500, Some(Refusal::UpstreamOverloaded)),
+        (500, 529, None),
+        // A 2xx is never a refusal, whatever the configured code.
+        (200, 200, None),
+        (200, 529, None),
+        // The configured code counts only when it is 429 or 5xx.
+        (400, 400, None),
+        (404, 404, None),
+    ];
+
     #[test]
     fn refusals_by_status() {
-        assert_eq!(refusal(529, 529), Some(Refusal::UpstreamOverloaded));
-        assert_eq!(refusal(503, 529), Some(Refusal::UpstreamUnavailable));
-        assert_eq!(refusal(429, 429), Some(Refusal::UpstreamOverloaded));
-        assert_eq!(refusal(200, 529), None);
-        assert_eq!(refusal(500, 529), None);
+        for &(status, configured, want) in STATUSES {
+            assert_eq!(
+                refusal(status, configured),
+                want,
+                "{status} with {configured}"
+            );
+        }
     }
 }

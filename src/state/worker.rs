@@ -15,9 +15,9 @@ pub struct WorkerState {
     /// Monotonic ms (the process clock) until which the worker is skipped.
     down_until_ms: AtomicU64,
     failures: AtomicU32,
-    /// Busy-set generation in which the worker refused a request (WorkerOverloaded): it is
-    /// skipped until the monitor publishes the next generation.
-    overloaded_in: AtomicU64,
+    /// Monotonic ms until which the worker is skipped after refusing a request (at
+    /// capacity, queue timeout, upstream overload), whatever the monitor publishes.
+    overloaded_until_ms: AtomicU64,
     /// One entry per core, written only by that core: what it routed and has not finished.
     pub tracked: Box<[CachePadded<TrackedLoad>]>,
 }
@@ -37,7 +37,7 @@ impl WorkerState {
             name: name.into(),
             down_until_ms: AtomicU64::new(0),
             failures: AtomicU32::new(0),
-            overloaded_in: AtomicU64::new(u64::MAX),
+            overloaded_until_ms: AtomicU64::new(0),
             tracked: (0..cores)
                 .map(|_| CachePadded::new(TrackedLoad::default()))
                 .collect(),
@@ -63,14 +63,15 @@ impl WorkerState {
         backoff
     }
 
-    /// Marks a local refusal; cleared by the next busy-set publication.
-    pub fn mark_overloaded(&self, generation: u64) {
-        self.overloaded_in.store(generation, Ordering::Relaxed);
+    /// Keeps a worker that refused a request out of rotation for `hold_ms`.
+    pub fn mark_overloaded(&self, now_ms: u64, hold_ms: u64) {
+        self.overloaded_until_ms
+            .fetch_max(now_ms.saturating_add(hold_ms), Ordering::Relaxed);
     }
 
     #[inline]
-    pub fn is_overloaded(&self, generation: u64) -> bool {
-        self.overloaded_in.load(Ordering::Relaxed) == generation
+    pub fn is_overloaded(&self, now_ms: u64) -> bool {
+        self.overloaded_until_ms.load(Ordering::Relaxed) > now_ms
     }
 
     /// Inhibits a worker that answered 503 for `ms` (it is skipped like a down worker).
@@ -121,5 +122,15 @@ mod tests {
         w.mark_up();
         assert!(!w.is_down(100));
         assert_eq!(w.mark_down(100, 1000, 5000), 1000);
+    }
+
+    #[test]
+    fn a_refusal_holds_for_its_time_and_a_shorter_one_never_shortens_it() {
+        let w = WorkerState::new(0, "w", 1);
+        assert!(!w.is_overloaded(0));
+        w.mark_overloaded(100, 1000);
+        assert!(w.is_overloaded(1099) && !w.is_overloaded(1100));
+        w.mark_overloaded(200, 10);
+        assert!(w.is_overloaded(1099));
     }
 }
