@@ -39,7 +39,7 @@ fn template() -> BusySet {
     s.set_enabled(0);
     for m in 0..1000u32 {
         if m % 5 == 0 {
-            s.set_busy(m);
+            s.set_busy(m, None);
         }
         s.set_load(m, (m * 7 % 1000) as u16);
     }

@@ -71,7 +71,7 @@ fn setup(members: usize, mode: &str) -> (Snapshot, Core, Arc<ArcSwap<BusySet>>) 
     set.set_enabled(model.id);
     for (i, m) in model.members.iter().enumerate() {
         if i % 4 == 1 {
-            set.set_busy(m.id);
+            set.set_busy(m.id, None);
         }
         set.set_load(m.id, (fleet::mix(i as u64) % 1000) as u16);
         let w = &snap.workers[m.worker as usize].state;

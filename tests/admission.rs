@@ -61,12 +61,27 @@ fn ten_at_once_on_two_slots_and_two_places() {
     assert_eq!(ok, 4);
     assert_eq!(refused.len(), 6);
     for r in refused {
+        // Dynamo's three fields, then which knob refused and what tunes it.
+        let v = r.json();
         assert_eq!(
-            r.text(),
-            format!(r#"{{"message":"{AT_CAPACITY}","type":"Overloaded","code":529}}"#)
+            (&v["message"], &v["type"], &v["code"]),
+            (&AT_CAPACITY.into(), &"Overloaded".into(), &529.into()),
+            "{v}"
+        );
+        assert_eq!(v["knob"], "queue_full", "{v}");
+        assert_eq!(
+            v["setting"], "engine_request_limit + request_queue_limit",
+            "{v}"
         );
         assert_eq!(r.header("retry-after"), Some("1"));
     }
+    assert_eq!(
+        gauge(
+            &p,
+            "spillway_refusals_total{model=\"m\",knob=\"queue_full\"}"
+        ),
+        6.0
+    );
     assert_eq!(
         held.up
             .state
@@ -129,6 +144,13 @@ fn queued_requests_run_in_arrival_order_and_time_out() {
     let r = once(p.data_addr, &body("late"));
     assert_eq!(r.status, 529);
     assert_eq!(r.json()["message"], QUEUE_DELAY);
+    let v = r.json();
+    assert_eq!(v["knob"], "queue_timeout", "{v}");
+    assert!(
+        v["value"].as_f64().unwrap() >= v["threshold"].as_f64().unwrap() - 5.0,
+        "{v}"
+    );
+    assert_eq!(v["setting"], "request_queue_timeout_ms");
     assert!(started.elapsed() >= Duration::from_millis(290));
     assert_eq!(
         gauge(&p, "dynamo_rejection_request_total{worker=\"w\"}"),

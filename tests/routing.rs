@@ -121,7 +121,10 @@ fn unreachable_worker_fails_over_then_503() {
     assert_eq!(r.status, 503);
     assert_eq!(
         r.text(),
-        r#"{"message":"Service temporarily unavailable","type":"Service Unavailable","code":503}"#
+        concat!(
+            r#"{"message":"Service temporarily unavailable","type":"Service Unavailable","code":503,"#,
+            r#""knob":"unreachable","setting":"the model's workers (down after failed connects)"}"#
+        )
     );
     assert_eq!(r.header("retry-after"), Some("1"));
 }

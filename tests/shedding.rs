@@ -7,8 +7,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-const OVERLOADED: &str =
-    r#"{"message":"Service temporarily overloaded","type":"Overloaded","code":529}"#;
+/// Dynamo's body, then the knob that refused (the least busy worker's: b's 1001 prefill
+/// tokens over 1000), its figures and the setting that tunes it.
+const OVERLOADED: &str = concat!(
+    r#"{"message":"Service temporarily overloaded","type":"Overloaded","code":529,"#,
+    r#""knob":"prefill_tokens","value":1001,"threshold":1000,"#,
+    r#""setting":"active_prefill_tokens_threshold"}"#
+);
 
 fn push(p: &ServerHandle, body: &str) {
     let r = admin_post(p.admin_addr, "/load", body);
@@ -122,6 +127,13 @@ fn all_busy_gets_529_with_exact_body_and_retry_after() {
     assert!(started.elapsed() < Duration::from_secs(1));
     assert_eq!(ups[0].count() + ups[1].count(), 0);
     let m = metrics(p.admin_addr);
+    assert_eq!(
+        metric_value(
+            &m,
+            "spillway_refusals_total{model=\"m\",knob=\"prefill_tokens\"}"
+        ),
+        Some(1.0)
+    );
     assert_eq!(
         metric_value(
             &m,

@@ -87,6 +87,78 @@ pub fn write_error(
     Canned::error(status, message, extra.as_slice()).write(out, request_id, keep_alive, with_body);
 }
 
+/// A field appended to an error body after Dynamo's three.
+#[derive(Debug, Clone, Copy)]
+pub enum Field<'a> {
+    Str(&'a str),
+    Num(f64),
+}
+
+/// Largest error body rendered on the spot with extra fields.
+const FIELDS_BODY_MAX: usize = 1024;
+
+/// An error answer rendered on the spot without allocating: Dynamo's
+/// `{"message","type","code"}` followed by `fields` (a client may ignore them), the
+/// `headers` (e.g. `retry-after`), then the request id and `connection`.
+#[allow(clippy::too_many_arguments)]
+pub fn write_error_fields(
+    out: &mut Vec<u8>,
+    status: u16,
+    message: &str,
+    kind: &str,
+    fields: &[(&str, Field<'_>)],
+    headers: &[(&str, &str)],
+    request_id: &[u8],
+    keep_alive: bool,
+    with_body: bool,
+) {
+    let mut buf = [0u8; FIELDS_BODY_MAX];
+    let mut body = std::io::Cursor::new(&mut buf[..]);
+    let _ = body_with_fields(&mut body, status, message, kind, fields);
+    let len = body.position() as usize;
+    status_line(out, status, canonical_reason(status).as_bytes());
+    out.extend_from_slice(b"content-type: application/json\r\ncontent-length: ");
+    out.extend_from_slice(itoa::Buffer::new().format(len).as_bytes());
+    out.extend_from_slice(b"\r\n");
+    for (k, v) in headers {
+        out.extend_from_slice(k.as_bytes());
+        out.extend_from_slice(b": ");
+        out.extend_from_slice(v.as_bytes());
+        out.extend_from_slice(b"\r\n");
+    }
+    finish_head(out, request_id, keep_alive);
+    if with_body {
+        out.extend_from_slice(&buf[..len]);
+    }
+}
+
+fn body_with_fields(
+    w: &mut impl std::io::Write,
+    status: u16,
+    message: &str,
+    kind: &str,
+    fields: &[(&str, Field<'_>)],
+) -> std::io::Result<()> {
+    w.write_all(br#"{"message":"#)?;
+    serde_json::to_writer(&mut *w, message)?;
+    w.write_all(br#","type":"#)?;
+    serde_json::to_writer(&mut *w, kind)?;
+    write!(w, r#","code":{status}"#)?;
+    for (name, value) in fields {
+        write!(w, ",")?;
+        serde_json::to_writer(&mut *w, name)?;
+        write!(w, ":")?;
+        match value {
+            Field::Str(s) => serde_json::to_writer(&mut *w, s)?,
+            // Whole numbers (token counts) as integers, fractions as they are.
+            Field::Num(v) if v.fract() == 0.0 && v.abs() < 1e15 => write!(w, "{}", *v as i64)?,
+            Field::Num(v) if v.is_finite() => serde_json::to_writer(&mut *w, v)?,
+            Field::Num(_) => write!(w, "null")?,
+        }
+    }
+    w.write_all(b"}")
+}
+
 pub fn status_line(out: &mut Vec<u8>, status: u16, reason: &[u8]) {
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(itoa::Buffer::new().format(status).as_bytes());
@@ -132,5 +204,31 @@ mod tests {
         assert!(text.starts_with("HTTP/1.1 529 Site is overloaded\r\n"));
         assert!(text.contains("retry-after: 1\r\n"));
         assert!(text.ends_with("connection: close\r\n\r\n"));
+    }
+
+    #[test]
+    fn fields_follow_dynamos_three() {
+        let mut out = Vec::new();
+        let fields = [
+            ("knob", Field::Str("decode_blocks")),
+            ("value", Field::Num(0.875)),
+            ("threshold", Field::Num(2000.0)),
+        ];
+        write_error_fields(
+            &mut out,
+            529,
+            "Service temporarily overloaded",
+            "Overloaded",
+            &fields,
+            &[("retry-after", "1")],
+            b"r",
+            true,
+            true,
+        );
+        let text = String::from_utf8(out).unwrap();
+        let body = r#"{"message":"Service temporarily overloaded","type":"Overloaded","code":529,"knob":"decode_blocks","value":0.875,"threshold":2000}"#;
+        assert!(text.ends_with(&format!("\r\n\r\n{body}")), "{text}");
+        assert!(text.contains(&format!("content-length: {}\r\n", body.len())));
+        assert!(text.contains("retry-after: 1\r\n"));
     }
 }

@@ -12,6 +12,7 @@ use prometheus::proto::LabelPair;
 use crate::monitor::Control;
 use crate::route::Endpoint;
 use crate::runtime::clock;
+use crate::shed::Knob;
 use crate::state::counters::{
     DURATION_BUCKETS, ITL_BUCKETS, MigrationReason, Outcome, RequestType, TTFT_BUCKETS,
 };
@@ -99,6 +100,11 @@ fn requests(f: &mut Families, snap: &Snapshot) {
         migrations,
     );
     f.counter(
+        "spillway_refusals_total",
+        "Requests refused, by the knob that refused them (the answer's `knob` field)",
+        refusals(snap),
+    );
+    f.counter(
         "spillway_migrations_total",
         "Requests moved to another worker, by the refusal that moved them",
         migration_reasons,
@@ -108,6 +114,21 @@ fn requests(f: &mut Families, snap: &Snapshot) {
         "Number of inflight requests",
         per_model(snap, |m| m.metrics.inflight() as f64),
     );
+}
+
+/// Refusals per model and knob.
+fn refusals(snap: &Snapshot) -> Series {
+    let mut out = Vec::new();
+    for model in snap.models.iter() {
+        for knob in Knob::ALL {
+            let n = model.metrics.refusals(knob);
+            if n > 0 {
+                let l = [("model", &*model.name), ("knob", knob.label())];
+                out.push((labels(&l), n as f64));
+            }
+        }
+    }
+    out
 }
 
 /// TTFT, inter-token latency and duration histograms per model.

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 
 use crate::config::WorkerConfig;
-use crate::shed::{RankLoad, Thresholds, rank_busy, worker_busy};
+use crate::shed::{RankLoad, Thresholds, Why, rank_why};
 use crate::state::{BusySet, Snapshot};
 
 /// A value and when it was observed (monotonic ms).
@@ -302,13 +302,20 @@ pub fn evaluate(
             let load = table.workers.get(&w.state.slot).unwrap_or(&empty);
             let ranks = load.dp_size(&w.cfg);
             let mut permille = 0u16;
-            let busy = worker_busy((0..ranks).map(|r| {
+            // Busy when every rank is: the least busy rank says why.
+            let mut why: Option<Why> = None;
+            let mut busy = ranks > 0;
+            for r in 0..ranks {
                 let l = load.effective(r, &w.cfg, now, staleness);
                 permille = permille.max(load_permille(&l));
-                rank_busy(&t, &l, latches.get(member.id, r))
-            }));
+                match rank_why(&t, &l, latches.get(member.id, r)) {
+                    None => busy = false,
+                    Some(y) if why.is_none_or(|w| y.excess() < w.excess()) => why = Some(y),
+                    Some(_) => {}
+                }
+            }
             if busy {
-                out.set_busy(member.id);
+                out.set_busy(member.id, why);
             }
             out.set_load(member.id, permille);
         }

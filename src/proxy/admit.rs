@@ -10,6 +10,7 @@ use super::watch::{Interrupt, Reader, watched};
 use crate::admission::Ticket;
 use crate::runtime::clock;
 use crate::runtime::reader::ReadDone;
+use crate::shed::{Knob, Why};
 use crate::state::Worker;
 
 /// A ticket holding an engine slot of `worker` (`None`: the worker has no cap). The ticket
@@ -21,13 +22,21 @@ pub(super) async fn admit<'w, F: Future<Output = ReadDone>>(
     let Some(gate) = worker.gate.as_deref() else {
         return Ok(None);
     };
-    let ticket = gate
-        .enter()
-        .ok_or(AttemptError::Refused(Refusal::AtCapacity))?;
+    let Some(ticket) = gate.enter() else {
+        let admitted = f64::from(gate.limit() + gate.queue_limit());
+        let full = Why {
+            knob: Knob::QueueFull,
+            value: admitted,
+            threshold: admitted,
+        };
+        return Err(AttemptError::Refused(Refusal::AtCapacity, Some(full)));
+    };
     if ticket.is_ready() {
         return Ok(Some(ticket));
     }
-    let wait = Duration::from_millis(worker.cfg.request_queue_timeout_ms);
+    let timeout_ms = worker.cfg.request_queue_timeout_ms;
+    let wait = Duration::from_millis(timeout_ms);
+    let started = clock::now();
     match watched(ticket.ready(), reader, clock::now() + wait).await {
         Ok(()) => Ok(Some(ticket)),
         Err(Interrupt::ClientGone) => Err(AttemptError::ClientGone),
@@ -35,7 +44,12 @@ pub(super) async fn admit<'w, F: Future<Output = ReadDone>>(
         Err(Interrupt::Timeout) if ticket.is_ready() => Ok(Some(ticket)),
         Err(Interrupt::Timeout) => {
             gate.count_rejection();
-            Err(AttemptError::Refused(Refusal::QueueTimeout))
+            let waited = Why {
+                knob: Knob::QueueTimeout,
+                value: clock::since(started).as_millis() as f64,
+                threshold: timeout_ms as f64,
+            };
+            Err(AttemptError::Refused(Refusal::QueueTimeout, Some(waited)))
         }
     }
 }

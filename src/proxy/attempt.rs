@@ -42,7 +42,7 @@ pub(super) async fn attempt<F: Future<Output = ReadDone>>(
     let mut resp = ResponseHead::default();
     read_response_head(c, &mut stream, limits, &mut resp).await?;
     if let Some(r) = refusal(resp.status, req.snap.config.overload_status_code) {
-        return Err(AttemptError::Refused(r));
+        return Err(AttemptError::Refused(r, None));
     }
     let cells = &req.model.metrics.cores[ctx.id];
     let gap = Duration::from_millis(limits.upstream_first_byte_timeout_ms);

@@ -105,7 +105,7 @@ impl Conn {
         let out = &mut self.io.out;
         out.clear();
         e.write(
-            &self.snap.responses,
+            &self.snap,
             out,
             self.request_id.get(),
             keep_alive,

@@ -10,6 +10,7 @@ use arc_swap::ArcSwap;
 
 use super::pool::Pools;
 use crate::route::Rng;
+use crate::shed::Knob;
 use crate::state::{BusySet, CoreCounters, Shared, Snapshot};
 
 /// A request's handle on its snapshot. The extra `Rc` layer is deliberate: cloning it per
@@ -34,7 +35,12 @@ pub struct CoreCtx {
     pub active_requests: Cell<usize>,
     request_seq: Cell<u64>,
     request_salt: u64,
+    /// Process-clock ms of the last refusal logged per knob (refusal logs are rate-limited).
+    refusal_logged_ms: [Cell<u64>; Knob::ALL.len()],
 }
+
+/// At most one refusal log line per knob per core in this many ms.
+const REFUSAL_LOG_EVERY_MS: u64 = 1_000;
 
 /// The core's view of the current snapshot: a cheap check per request, and an `Rc` the
 /// request holds (no shared reference count is touched per request).
@@ -60,6 +66,7 @@ impl CoreCtx {
             active_requests: Cell::new(0),
             request_seq: Cell::new(0),
             request_salt: Rng::new(seed ^ 0xdead_beef).next_u64(),
+            refusal_logged_ms: std::array::from_fn(|_| Cell::new(0)),
             shared,
         }
     }
@@ -90,6 +97,16 @@ impl CoreCtx {
                 out[i * 16 + j] = b"0123456789abcdef"[((v >> (60 - 4 * j)) & 0xf) as usize];
             }
         }
+    }
+
+    /// Whether a refusal by `knob` may be logged now (at most once a second per knob).
+    pub fn may_log_refusal(&self, knob: Knob, now_ms: u64) -> bool {
+        let last = &self.refusal_logged_ms[knob.index()];
+        let due = last.get() == 0 || now_ms.saturating_sub(last.get()) >= REFUSAL_LOG_EVERY_MS;
+        if due {
+            last.set(now_ms.max(1));
+        }
+        due
     }
 
     /// The round-robin position of a model on this core.

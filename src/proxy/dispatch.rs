@@ -15,7 +15,7 @@ use crate::runtime::reader::ReadDone;
 use crate::state::counters::add;
 
 /// What a request is, by its path and method.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Route {
     Proxy(Endpoint),
     Models,

@@ -1,7 +1,8 @@
 //! The errors of the two boundaries a proxied request crosses, each knowing its HTTP
 //! status, its label (Dynamo's `error_type`) and whether a retry is safe:
 //! - [`RequestError`]: why Spillway answers the client itself. [`RequestError::write`] is
-//!   the one place such an answer is rendered.
+//!   the one place such an answer is rendered. Refusals also say which knob refused, the
+//!   measured value, its threshold and the setting that tunes it.
 //! - [`AttemptError`]: why one attempt on one worker ended without a response; the
 //!   forwarder tries another worker exactly when it is retry-safe.
 
@@ -10,10 +11,11 @@ use std::borrow::Cow;
 use super::core::FRESH_REQUEST_ID_LEN;
 use crate::admission::{AT_CAPACITY, QUEUE_TIMEOUT};
 use crate::http::HttpError;
-use crate::http::canned::{messages, write_error};
+use crate::http::canned::{Field, messages, write_error, write_error_fields};
 use crate::http::limits::MAX_REQUEST_ID_LEN;
 use crate::route::peek::PeekError;
-use crate::state::Responses;
+use crate::shed::{Knob, Why};
+use crate::state::Snapshot;
 use crate::state::counters::{MigrationReason, Outcome};
 
 const _: () = assert!(FRESH_REQUEST_ID_LEN <= MAX_REQUEST_ID_LEN);
@@ -41,17 +43,26 @@ impl Refusal {
         }
     }
 
+    pub fn knob(self) -> Knob {
+        match self {
+            Refusal::AtCapacity => Knob::QueueFull,
+            Refusal::QueueTimeout => Knob::QueueTimeout,
+            Refusal::UpstreamOverloaded => Knob::UpstreamOverloaded,
+            Refusal::UpstreamUnavailable => Knob::Unreachable,
+        }
+    }
+
     /// What the client gets when no other worker takes the request.
-    pub fn to_client(self) -> RequestError {
+    pub fn to_client(self, why: Option<Why>) -> RequestError {
         match self {
             Refusal::UpstreamUnavailable => RequestError::Unavailable,
-            r => RequestError::WorkerOverloaded(r),
+            r => RequestError::WorkerOverloaded(r, why),
         }
     }
 }
 
 /// Why the client is answered by Spillway instead of a worker.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum RequestError {
     /// The head or body cannot be read as one unambiguous request: answer and close.
     Framing(HttpError),
@@ -64,12 +75,12 @@ pub enum RequestError {
     BadBody(PeekError),
     MissingModel,
     UnknownModel,
-    /// Every eligible worker is busy (pool-wide; never migrated).
-    Overloaded,
+    /// Every eligible worker is busy (pool-wide; never migrated); why the least busy one is.
+    Overloaded(Option<Why>),
     /// Worker-local refusals left no worker to migrate to, or the limit is spent.
-    WorkerOverloaded(Refusal),
+    WorkerOverloaded(Refusal, Option<Why>),
     /// Direct routing: the pinned worker is busy.
-    DirectBusy,
+    DirectBusy(Option<Why>),
     /// No worker can serve at all.
     Unavailable,
     DirectMissingHeader,
@@ -87,7 +98,7 @@ impl RequestError {
             NotFound | UnknownModel | DirectUnknownWorker => 404,
             MethodNotAllowed { .. } => 405,
             BadBody(_) | MissingModel | DirectMissingHeader => 400,
-            Overloaded | WorkerOverloaded(_) | DirectBusy => overload,
+            Overloaded(_) | WorkerOverloaded(..) | DirectBusy(_) => overload,
             Unavailable => 503,
             BadGateway(_) => 502,
             GatewayTimeout => 504,
@@ -98,7 +109,7 @@ impl RequestError {
     pub fn outcome(&self) -> Outcome {
         use RequestError::*;
         match self {
-            Overloaded | WorkerOverloaded(_) | DirectBusy => Outcome::Overload,
+            Overloaded(_) | WorkerOverloaded(..) | DirectBusy(_) => Outcome::Overload,
             Unavailable => Outcome::Unavailable,
             Framing(_) | BadBody(_) | MissingModel | DirectMissingHeader => Outcome::Validation,
             MethodNotAllowed { .. } => Outcome::Validation,
@@ -115,13 +126,30 @@ impl RequestError {
 
     /// True when no engine worked on the request and the refusal is transient: the
     /// client (or a proxy in front) may send it again, here or elsewhere. These answers
-    /// carry `Retry-After`.
+    /// carry `Retry-After` and name the knob that refused.
     pub fn retry_safe(&self) -> bool {
+        self.knob().is_some()
+    }
+
+    /// The knob that refused the request, for refusals.
+    pub fn knob(&self) -> Option<Knob> {
         use RequestError::*;
-        matches!(
-            self,
-            Overloaded | WorkerOverloaded(_) | DirectBusy | Unavailable
-        )
+        match self {
+            Overloaded(why) | DirectBusy(why) => Some(why.map_or(Knob::QueueFull, |w| w.knob)),
+            WorkerOverloaded(r, _) => Some(r.knob()),
+            Unavailable => Some(Knob::Unreachable),
+            _ => None,
+        }
+    }
+
+    /// The measured value and threshold behind a refusal, when known.
+    pub fn why(&self) -> Option<Why> {
+        match self {
+            RequestError::Overloaded(why)
+            | RequestError::DirectBusy(why)
+            | RequestError::WorkerOverloaded(_, why) => *why,
+            _ => None,
+        }
     }
 
     /// Counted in `dynamo_frontend_model_rejection_total`.
@@ -134,11 +162,10 @@ impl RequestError {
         matches!(self, RequestError::Framing(_))
     }
 
-    /// Appends the whole response to `out`: pre-rendered for the common refusals, else
-    /// rendered now. HEAD requests get no body.
+    /// Appends the whole response to `out`. HEAD requests get no body.
     pub fn write(
         &self,
-        responses: &Responses,
+        snap: &Snapshot,
         out: &mut Vec<u8>,
         request_id: &[u8],
         keep_alive: bool,
@@ -146,13 +173,11 @@ impl RequestError {
     ) {
         use RequestError::*;
         let canned = match self {
-            NotFound => &responses.not_found,
-            UnknownModel => &responses.model_not_found,
-            Overloaded => &responses.overloaded,
-            WorkerOverloaded(Refusal::QueueTimeout) => &responses.queue_timeout,
-            WorkerOverloaded(_) => &responses.worker_at_capacity,
-            DirectBusy => &responses.direct_busy,
-            Unavailable => &responses.unavailable,
+            NotFound => &snap.responses.not_found,
+            UnknownModel => &snap.responses.model_not_found,
+            _ if self.retry_safe() => {
+                return self.write_refusal(snap, out, request_id, keep_alive, with_body);
+            }
             _ => {
                 let allow = match self {
                     MethodNotAllowed { allow } => Some(*allow),
@@ -166,6 +191,47 @@ impl RequestError {
             }
         };
         canned.write(out, request_id, keep_alive, with_body);
+    }
+
+    /// A refusal: Dynamo's body plus `knob`, `value`, `threshold` and `setting`, with
+    /// `Retry-After`.
+    fn write_refusal(
+        &self,
+        snap: &Snapshot,
+        out: &mut Vec<u8>,
+        request_id: &[u8],
+        keep_alive: bool,
+        with_body: bool,
+    ) {
+        let config = &snap.config;
+        let status = self.status(config.overload_status_code);
+        let kind = match self {
+            RequestError::Unavailable => "Service Unavailable",
+            _ => "Overloaded",
+        };
+        let knob = self.knob().unwrap_or(Knob::QueueFull);
+        let mut fields = [("knob", Field::Str(knob.label())); 4];
+        let mut n = 1;
+        if let Some(why) = self.why() {
+            fields[1] = ("value", Field::Num(why.value));
+            fields[2] = ("threshold", Field::Num(why.threshold));
+            n = 3;
+        }
+        fields[n] = ("setting", Field::Str(knob.setting()));
+        let mut retry = itoa::Buffer::new();
+        let headers = [("retry-after", retry.format(config.retry_after_secs))];
+        let message = self.message();
+        write_error_fields(
+            out,
+            status,
+            &message,
+            kind,
+            &fields[..=n],
+            &headers,
+            request_id,
+            keep_alive,
+            with_body,
+        );
     }
 
     /// The `message` of the answer's JSON body.
@@ -187,20 +253,20 @@ impl RequestError {
             GatewayTimeout => "The worker did not respond in time".into(),
             NotFound => messages::NOT_FOUND.into(),
             UnknownModel => messages::MODEL_NOT_FOUND.into(),
-            Overloaded => messages::OVERLOADED.into(),
-            DirectBusy => messages::DIRECT_BUSY.into(),
-            WorkerOverloaded(Refusal::QueueTimeout) => QUEUE_TIMEOUT.into(),
-            WorkerOverloaded(_) => AT_CAPACITY.into(),
+            Overloaded(_) => messages::OVERLOADED.into(),
+            DirectBusy(_) => messages::DIRECT_BUSY.into(),
+            WorkerOverloaded(Refusal::QueueTimeout, _) => QUEUE_TIMEOUT.into(),
+            WorkerOverloaded(..) => AT_CAPACITY.into(),
             Unavailable => messages::UNAVAILABLE.into(),
         }
     }
 }
 
 /// Why one attempt on one worker ended without a response for the client.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub enum AttemptError {
     /// The worker refused before doing any work: migrate (counted, limited).
-    Refused(Refusal),
+    Refused(Refusal, Option<Why>),
     /// Connecting failed: the worker is marked down; fail over (not a migration).
     Unreachable,
     /// The client left while the request waited or ran.
@@ -216,7 +282,7 @@ pub enum AttemptError {
 impl AttemptError {
     /// Another worker may take the request: nothing reached an engine that works on it.
     pub fn retry_safe(&self) -> bool {
-        matches!(self, AttemptError::Refused(_) | AttemptError::Unreachable)
+        matches!(self, AttemptError::Refused(..) | AttemptError::Unreachable)
     }
 
     pub fn status(&self, overload: u16) -> Option<u16> {
@@ -239,7 +305,7 @@ impl AttemptError {
     /// is gone or already has part of a response.
     pub fn to_client(self) -> Option<RequestError> {
         match self {
-            AttemptError::Refused(r) => Some(r.to_client()),
+            AttemptError::Refused(r, why) => Some(r.to_client(why)),
             AttemptError::Unreachable => Some(RequestError::Unavailable),
             AttemptError::Timeout => Some(RequestError::GatewayTimeout),
             AttemptError::BadGateway(why) => Some(RequestError::BadGateway(why)),
@@ -249,82 +315,4 @@ impl AttemptError {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn statuses_labels_and_retry_safety() {
-        let cases = [
-            (RequestError::Overloaded, 529, "overload", true),
-            (
-                RequestError::WorkerOverloaded(Refusal::QueueTimeout),
-                529,
-                "overload",
-                true,
-            ),
-            (RequestError::Unavailable, 503, "unavailable", true),
-            (RequestError::UnknownModel, 404, "not_found", false),
-            (RequestError::MissingModel, 400, "validation", false),
-            (
-                RequestError::Framing(HttpError::BodyTimeout),
-                408,
-                "validation",
-                false,
-            ),
-            (RequestError::BadGateway("x"), 502, "internal", false),
-            (RequestError::GatewayTimeout, 504, "response_timeout", false),
-        ];
-        for (e, status, label, retry) in cases {
-            assert_eq!(
-                (e.status(529), e.label(), e.retry_safe()),
-                (status, label, retry),
-                "{e:?}"
-            );
-        }
-        assert!(AttemptError::Refused(Refusal::AtCapacity).retry_safe());
-        assert!(AttemptError::Unreachable.retry_safe());
-        assert!(!AttemptError::BadGateway("x").retry_safe());
-        assert_eq!(AttemptError::Timeout.status(529), Some(504));
-        assert_eq!(AttemptError::ClientGone.label(), "cancelled");
-        assert_eq!(
-            Refusal::UpstreamUnavailable.to_client(),
-            RequestError::Unavailable
-        );
-    }
-
-    #[test]
-    fn one_place_renders_every_answer() {
-        let config = crate::config::Config::parse(
-            "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
-            &crate::config::Overrides::default(),
-        )
-        .unwrap();
-        let snap = crate::state::Snapshot::standalone(config, 1).unwrap();
-        let mut out = Vec::new();
-        RequestError::Framing(HttpError::BodyTimeout).write(
-            &snap.responses,
-            &mut out,
-            b"r",
-            false,
-            true,
-        );
-        let text = String::from_utf8(out).unwrap();
-        assert!(
-            text.starts_with("HTTP/1.1 408 Request Timeout\r\n"),
-            "{text}"
-        );
-        assert!(
-            text.contains("timed out reading the request body"),
-            "{text}"
-        );
-        let mut out = Vec::new();
-        RequestError::MethodNotAllowed { allow: "POST" }.write(
-            &snap.responses,
-            &mut out,
-            b"r",
-            true,
-            true,
-        );
-        assert!(String::from_utf8(out).unwrap().contains("allow: POST\r\n"));
-    }
-}
+mod tests;

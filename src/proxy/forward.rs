@@ -17,6 +17,7 @@ use crate::http::limits::{INITIAL_READ_BUF, MAX_WORKER_ID_LEN};
 use crate::route::RouterMode;
 use crate::runtime::clock;
 use crate::runtime::reader::ReadDone;
+use crate::shed::{Knob, Why};
 use crate::state::Worker;
 use crate::state::counters::{DURATION_BUCKETS, Outcome, add};
 
@@ -27,7 +28,7 @@ pub(super) struct Client<'a, F> {
     pub request_id: &'a [u8],
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Forwarded {
     /// The whole response reached the client.
     Done { keep_alive: bool, status: u16 },
@@ -64,6 +65,10 @@ pub(super) async fn forward<F: Future<Output = ReadDone>>(
             if e.is_rejection() {
                 cells.rejected(req.endpoint);
             }
+            if let Some(knob) = e.knob() {
+                cells.refused(knob);
+                log_refusal(ctx, req, &e, knob, c.request_id);
+            }
             e.outcome()
         }
         Forwarded::Aborted(o) => o,
@@ -74,6 +79,24 @@ pub(super) async fn forward<F: Future<Output = ReadDone>>(
         cells.duration.observe(&DURATION_BUCKETS, secs);
     }
     result
+}
+
+/// One log line per refusal, at most once a second per knob on each core.
+fn log_refusal(ctx: &CoreCtx, req: &Outbound<'_>, e: &RequestError, knob: Knob, rid: &[u8]) {
+    if !ctx.may_log_refusal(knob, clock::now_ms()) {
+        return;
+    }
+    let why = e.why();
+    tracing::warn!(
+        model = %req.model.name,
+        knob = knob.label(),
+        value = why.map(|w| w.value),
+        threshold = why.map(|w| w.threshold),
+        setting = knob.setting(),
+        status = e.status(req.snap.config.overload_status_code),
+        request_id = std::str::from_utf8(rid).unwrap_or("-"),
+        "request refused (this knob is logged at most once a second per core)"
+    );
 }
 
 /// The `x-worker-id` of a direct-routed request, copied out of the client buffer.
@@ -114,8 +137,8 @@ fn detach<F: Future<Output = ReadDone>>(c: &mut Client<'_, F>, req: &Outbound<'_
 struct Tries {
     excluded: Excluded,
     migrations: u32,
-    /// The last worker-local refusal that was not a 503.
-    last_refusal: Option<Refusal>,
+    /// The last worker-local refusal that was not a 503, and its figures.
+    last_refusal: Option<(Refusal, Option<Why>)>,
 }
 
 async fn exchange<F: Future<Output = ReadDone>>(
@@ -130,11 +153,11 @@ async fn exchange<F: Future<Output = ReadDone>>(
         let pos = match pick(ctx, req, worker_id.get(), tries.excluded, now) {
             Ok(p) => p,
             // Refused by every worker tried, and nothing left: say why they refused.
-            Err(RequestError::Overloaded | RequestError::WorkerOverloaded(_))
+            Err(RequestError::Overloaded(_) | RequestError::WorkerOverloaded(..))
                 if tries.last_refusal.is_some() =>
             {
-                let last = tries.last_refusal.unwrap_or(Refusal::AtCapacity);
-                return Forwarded::Rejected(RequestError::WorkerOverloaded(last));
+                let (last, why) = tries.last_refusal.unwrap_or((Refusal::AtCapacity, None));
+                return Forwarded::Rejected(RequestError::WorkerOverloaded(last, why));
             }
             Err(e) => return Forwarded::Rejected(e),
         };
@@ -150,14 +173,14 @@ async fn exchange<F: Future<Output = ReadDone>>(
             Err(e) => e,
         };
         match e {
-            AttemptError::Refused(refusal) => {
-                if let Some(last) = refused(ctx, req, worker, refusal, &tries) {
+            AttemptError::Refused(refusal, why) => {
+                if let Some(last) = refused(ctx, req, worker, refusal, why, &tries) {
                     return Forwarded::Rejected(last);
                 }
                 tries.migrations += 1;
                 tries.excluded.refused(pos);
                 if refusal != Refusal::UpstreamUnavailable {
-                    tries.last_refusal = Some(refusal);
+                    tries.last_refusal = Some((refusal, why));
                 }
             }
             _ => {
@@ -175,6 +198,7 @@ fn refused(
     req: &Outbound<'_>,
     worker: &Worker,
     refusal: Refusal,
+    why: Option<Why>,
     tries: &Tries,
 ) -> Option<RequestError> {
     let limits = &req.snap.config.limits;
@@ -190,7 +214,7 @@ fn refused(
     tracing::debug!(worker = %worker.cfg.name, ?refusal, migrations, "worker refused the request");
     if migrations >= req.snap.config.migration_limit || req.model.router_mode == RouterMode::Direct
     {
-        return Some(refusal.to_client());
+        return Some(refusal.to_client(why));
     }
     req.model.metrics.cores[ctx.id].migrated(refusal.reason());
     None

@@ -6,6 +6,8 @@ use super::core::CoreCtx;
 use super::error::{Refusal, RequestError};
 use super::request::Outbound;
 use crate::route::{self, DirectRefusal, MemberState, Pick, RouterMode};
+use crate::shed::Why;
+use crate::state::{BusySet, Model};
 
 /// Members this request must not use again: `failed` (connect failures, like down) and
 /// `refused` (worker-local refusals, like busy). Bit i is member i; pools beyond 128
@@ -63,7 +65,7 @@ pub(super) fn pick(
         return route::pick_direct(worker_id, n, name, state).map_err(|r| match r {
             DirectRefusal::MissingHeader => RequestError::DirectMissingHeader,
             DirectRefusal::UnknownWorker => RequestError::DirectUnknownWorker,
-            DirectRefusal::Busy => RequestError::DirectBusy,
+            DirectRefusal::Busy(i) => RequestError::DirectBusy(busy.why(model.members[i].id)),
             DirectRefusal::Unreachable => RequestError::Unavailable,
         });
     }
@@ -81,9 +83,19 @@ pub(super) fn pick(
         // Nothing busy by the published set: what excluded the rest were worker-local
         // refusals (this request's, or marks since the last publish). Say so.
         Pick::Overloaded if !(shed && model.members.iter().any(|m| busy.is_busy(m.id))) => {
-            Err(RequestError::WorkerOverloaded(Refusal::AtCapacity))
+            Err(RequestError::WorkerOverloaded(Refusal::AtCapacity, None))
         }
-        Pick::Overloaded => Err(RequestError::Overloaded),
+        // Every worker busy by the published set: the least busy one says why.
+        Pick::Overloaded => Err(RequestError::Overloaded(least_busy(model, busy))),
         Pick::Unavailable => Err(RequestError::Unavailable),
     }
+}
+
+/// Why the least busy busy member of `model` is busy (the one closest to its threshold).
+fn least_busy(model: &Model, busy: &BusySet) -> Option<Why> {
+    model
+        .members
+        .iter()
+        .filter_map(|m| busy.why(m.id))
+        .min_by(|a, b| a.excess().total_cmp(&b.excess()))
 }

@@ -199,7 +199,8 @@ pub fn pick(
 pub enum DirectRefusal {
     MissingHeader,
     UnknownWorker,
-    Busy,
+    /// The named member (its position) is busy.
+    Busy(usize),
     Unreachable,
 }
 
@@ -218,7 +219,7 @@ pub fn pick_direct<'a>(
     if s.unreachable {
         Err(DirectRefusal::Unreachable)
     } else if s.busy {
-        Err(DirectRefusal::Busy)
+        Err(DirectRefusal::Busy(i))
     } else {
         Ok(i)
     }
@@ -333,7 +334,7 @@ mod tests {
         );
         assert_eq!(
             pick_direct(Some(b"w1"), 2, |i| names[i], |_| st(false, true, 0)),
-            Err(DirectRefusal::Busy)
+            Err(DirectRefusal::Busy(0))
         );
         assert_eq!(
             pick_direct(Some(b"w1"), 2, |i| names[i], |_| st(true, false, 0)),

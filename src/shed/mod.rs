@@ -67,41 +67,146 @@ pub struct RankLoad {
     pub max_num_batched_tokens: Option<u64>,
 }
 
+/// What refused a request (Dynamo's admission-controls direction: every refusal names
+/// its knob). The busy rule's three thresholds, the worker's admission limits, the
+/// worker's own refusal, and nothing reachable.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Knob {
+    DecodeBlocks,
+    PrefillTokens,
+    PrefillTokensFrac,
+    QueueFull,
+    QueueTimeout,
+    UpstreamOverloaded,
+    Unreachable,
+}
+
+impl Knob {
+    pub const ALL: [Knob; 7] = [
+        Knob::DecodeBlocks,
+        Knob::PrefillTokens,
+        Knob::PrefillTokensFrac,
+        Knob::QueueFull,
+        Knob::QueueTimeout,
+        Knob::UpstreamOverloaded,
+        Knob::Unreachable,
+    ];
+
+    /// The metrics label and the `knob` field of refusal bodies.
+    pub fn label(self) -> &'static str {
+        match self {
+            Knob::DecodeBlocks => "decode_blocks",
+            Knob::PrefillTokens => "prefill_tokens",
+            Knob::PrefillTokensFrac => "prefill_tokens_frac",
+            Knob::QueueFull => "queue_full",
+            Knob::QueueTimeout => "queue_timeout",
+            Knob::UpstreamOverloaded => "upstream_overloaded",
+            Knob::Unreachable => "unreachable",
+        }
+    }
+
+    /// The setting that tunes it (the `setting` field of refusal bodies).
+    pub fn setting(self) -> &'static str {
+        match self {
+            Knob::DecodeBlocks => "active_decode_blocks_threshold",
+            Knob::PrefillTokens => "active_prefill_tokens_threshold",
+            Knob::PrefillTokensFrac => "active_prefill_tokens_threshold_frac",
+            Knob::QueueFull => "engine_request_limit + request_queue_limit",
+            Knob::QueueTimeout => "request_queue_timeout_ms",
+            Knob::UpstreamOverloaded => "the worker's own limits",
+            Knob::Unreachable => "the model's workers (down after failed connects)",
+        }
+    }
+
+    pub fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// Why a rank (or worker) is busy: the knob that fired, the measured value and its
+/// threshold, in the knob's unit (a fraction of capacity, or tokens).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Why {
+    pub knob: Knob,
+    pub value: f64,
+    pub threshold: f64,
+}
+
+impl Why {
+    /// How far over its threshold (1.0 = at it); the least-busy member of a pool is the
+    /// one with the lowest.
+    pub fn excess(&self) -> f64 {
+        if self.threshold > 0.0 {
+            self.value / self.threshold
+        } else {
+            f64::INFINITY
+        }
+    }
+}
+
 /// Evaluates one rank. `latch` is the rank's decode latch, updated in place: set when either
 /// decode signal is above the threshold, cleared only when every present one is at or below.
 pub fn rank_busy(t: &Thresholds, load: &RankLoad, latch: &mut bool) -> bool {
-    let mut busy = false;
-    if let Some(frac) = t.active_decode_blocks_threshold {
-        match load.kv_total_blocks {
-            Some(total) if total > 0 => {
-                let limit = frac * total as f64;
-                let signals = [load.kv_used_blocks, load.active_decode_blocks];
-                if signals.iter().flatten().any(|&used| used as f64 > limit) {
-                    *latch = true;
-                } else if signals.iter().flatten().all(|&used| used as f64 <= limit) {
-                    *latch = false;
-                }
-                busy |= *latch;
-            }
-            _ => *latch = false,
-        }
-    } else {
-        *latch = false;
-    }
-    if let (Some(limit), Some(tokens)) = (
+    rank_why(t, load, latch).is_some()
+}
+
+/// As [`rank_busy`], saying which check fired first (decode, prefill, prefill fraction)
+/// and with what value.
+pub fn rank_why(t: &Thresholds, load: &RankLoad, latch: &mut bool) -> Option<Why> {
+    let decode = decode_why(t, load, latch);
+    let prefill = match (
         t.active_prefill_tokens_threshold,
         load.active_prefill_tokens,
     ) {
-        busy |= tokens > limit;
-    }
-    if let (Some(frac), Some(max), Some(tokens)) = (
+        (Some(limit), Some(tokens)) if tokens > limit => Some(Why {
+            knob: Knob::PrefillTokens,
+            value: tokens as f64,
+            threshold: limit as f64,
+        }),
+        _ => None,
+    };
+    let frac = match (
         t.active_prefill_tokens_threshold_frac,
         load.max_num_batched_tokens,
         load.active_prefill_tokens,
     ) {
-        busy |= tokens > (frac * max as f64) as u64;
+        (Some(frac), Some(max), Some(tokens)) if tokens > (frac * max as f64) as u64 => Some(Why {
+            knob: Knob::PrefillTokensFrac,
+            value: if max > 0 {
+                tokens as f64 / max as f64
+            } else {
+                f64::INFINITY
+            },
+            threshold: frac,
+        }),
+        _ => None,
+    };
+    decode.or(prefill).or(frac)
+}
+
+/// The decode check, with its latch.
+fn decode_why(t: &Thresholds, load: &RankLoad, latch: &mut bool) -> Option<Why> {
+    let (Some(frac), Some(total)) = (t.active_decode_blocks_threshold, load.kv_total_blocks) else {
+        *latch = false;
+        return None;
+    };
+    if total == 0 {
+        *latch = false;
+        return None;
     }
-    busy
+    let limit = frac * total as f64;
+    let signals = [load.kv_used_blocks, load.active_decode_blocks];
+    if signals.iter().flatten().any(|&used| used as f64 > limit) {
+        *latch = true;
+    } else if signals.iter().flatten().all(|&used| used as f64 <= limit) {
+        *latch = false;
+    }
+    let used = signals.iter().flatten().max().copied().unwrap_or(0);
+    latch.then(|| Why {
+        knob: Knob::DecodeBlocks,
+        value: used as f64 / total as f64,
+        threshold: frac,
+    })
 }
 
 /// A worker is busy only when it has ranks and every one of them is busy.
@@ -234,6 +339,39 @@ mod tests {
         for (i, (th, l, want)) in TABLE.iter().enumerate() {
             let mut latch = false;
             assert_eq!(rank_busy(th, l, &mut latch), *want, "case {i}");
+        }
+    }
+
+    #[test]
+    fn the_first_check_that_fires_says_why() {
+        let mut latch = false;
+        let why = rank_why(
+            &t(Some(0.5), Some(10), None),
+            &load(Some(60), None, Some(20), Some(100), None),
+            &mut latch,
+        )
+        .unwrap();
+        assert_eq!(
+            (why.knob, why.value, why.threshold),
+            (Knob::DecodeBlocks, 0.6, 0.5)
+        );
+        let why = rank_why(
+            &t(None, Some(10), Some(0.5)),
+            &load(None, None, Some(20), None, Some(30)),
+            &mut latch,
+        )
+        .unwrap();
+        assert_eq!((why.knob, why.value), (Knob::PrefillTokens, 20.0));
+        let why = rank_why(
+            &t(None, None, Some(0.5)),
+            &load(None, None, Some(20), None, Some(30)),
+            &mut latch,
+        )
+        .unwrap();
+        assert_eq!(why.knob, Knob::PrefillTokensFrac);
+        assert!((why.value - 2.0 / 3.0).abs() < 1e-9 && why.excess() > 1.0);
+        for (i, k) in Knob::ALL.iter().enumerate() {
+            assert_eq!(k.index(), i);
         }
     }
 

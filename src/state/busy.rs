@@ -1,6 +1,8 @@
 //! The busy set: what the monitor publishes to every core (per model: shedding enabled;
-//! per member: busy, and a load figure for least-loaded). Immutable once published; each
-//! core reads its replica with one atomic load.
+//! per member: busy and why, and a load figure for least-loaded). Immutable once
+//! published; each core reads its replica with one atomic load.
+
+use crate::shed::Why;
 
 /// The busy set as published: immutable, one per publish, read lock-free by the cores.
 #[derive(Debug, Default, Clone)]
@@ -12,6 +14,8 @@ pub struct BusySet {
     busy: Vec<u64>,
     /// Per member id: load in permille of the fullest known signal (least-loaded ties).
     load: Vec<u16>,
+    /// Per member id, for busy members: which threshold made it busy, and by how much.
+    why: Vec<Option<Why>>,
 }
 
 impl PartialEq for BusySet {
@@ -22,9 +26,11 @@ impl PartialEq for BusySet {
             &v[..n]
         }
         let loads = |v: &[u16]| v.iter().rposition(|l| *l != 0).map_or(0, |i| i + 1);
+        let whys = |v: &[Option<Why>]| v.iter().rposition(Option::is_some).map_or(0, |i| i + 1);
         trimmed(&self.enabled) == trimmed(&other.enabled)
             && trimmed(&self.busy) == trimmed(&other.busy)
             && self.load[..loads(&self.load)] == other.load[..loads(&other.load)]
+            && self.why[..whys(&self.why)] == other.why[..whys(&other.why)]
     }
 }
 
@@ -62,8 +68,19 @@ impl BusySet {
         set_bit(&mut self.enabled, model_id);
     }
 
-    pub fn set_busy(&mut self, member_id: u32) {
+    /// Why a busy member is busy (`None` for members that are not).
+    #[inline]
+    pub fn why(&self, member_id: u32) -> Option<Why> {
+        self.why.get(member_id as usize).copied().flatten()
+    }
+
+    pub fn set_busy(&mut self, member_id: u32, why: Option<Why>) {
         set_bit(&mut self.busy, member_id);
+        let i = member_id as usize;
+        if self.why.len() <= i {
+            self.why.resize(i + 1, None);
+        }
+        self.why[i] = why;
     }
 
     pub fn set_load(&mut self, member_id: u32, permille: u16) {
@@ -79,5 +96,6 @@ impl BusySet {
         self.enabled.iter_mut().for_each(|w| *w = 0);
         self.busy.iter_mut().for_each(|w| *w = 0);
         self.load.iter_mut().for_each(|l| *l = 0);
+        self.why.iter_mut().for_each(|w| *w = None);
     }
 }

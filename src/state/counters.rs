@@ -8,6 +8,9 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use crossbeam_utils::CachePadded;
 
 use crate::route::Endpoint;
+use crate::shed::Knob;
+
+const KNOBS: usize = Knob::ALL.len();
 
 /// Adds to a counter that only the calling core writes.
 #[inline]
@@ -187,6 +190,7 @@ pub struct ModelCore {
     pub itl: Histogram<13>,
     pub duration: Histogram<10>,
     migrations: [AtomicU64; 4],
+    refusals: [AtomicU64; KNOBS],
 }
 
 impl Default for ModelCore {
@@ -199,6 +203,7 @@ impl Default for ModelCore {
             itl: Histogram::default(),
             duration: Histogram::default(),
             migrations: std::array::from_fn(|_| AtomicU64::new(0)),
+            refusals: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
@@ -222,6 +227,12 @@ impl ModelCore {
     #[inline]
     pub fn migrated(&self, reason: MigrationReason) {
         add(&self.migrations[reason as usize], 1);
+    }
+
+    /// A request refused by `knob` (the client got the overload status or 503).
+    #[inline]
+    pub fn refused(&self, knob: Knob) {
+        add(&self.refusals[knob.index()], 1);
     }
 }
 
@@ -259,6 +270,13 @@ impl ModelMetrics {
         self.cores
             .iter()
             .map(|c| c.migrations[reason as usize].load(Relaxed))
+            .sum()
+    }
+
+    pub fn refusals(&self, knob: Knob) -> u64 {
+        self.cores
+            .iter()
+            .map(|c| c.refusals[knob.index()].load(Relaxed))
             .sum()
     }
 

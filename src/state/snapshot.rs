@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::counters::ModelMetrics;
 use super::worker::WorkerState;
-use crate::admission::{AT_CAPACITY, Gate, QUEUE_TIMEOUT};
+use crate::admission::Gate;
 use crate::config::{Config, WorkerConfig};
 use crate::http::canned::{Canned, messages};
 use crate::route::RouterMode;
@@ -70,25 +70,20 @@ pub struct Worker {
     pub gate: Option<Arc<Gate>>,
 }
 
-/// The responses the data path answers itself, rendered once per generation.
+/// The answers the data path gives itself that never change within a generation,
+/// rendered once. (Refusals name their knob and figures, so they are rendered each time.)
 #[derive(Debug)]
 pub struct Responses {
     pub models: Canned,
-    pub overloaded: Canned,
-    pub direct_busy: Canned,
-    pub unavailable: Canned,
     pub model_not_found: Canned,
     pub not_found: Canned,
     pub too_many_connections: Canned,
-    pub worker_at_capacity: Canned,
-    pub queue_timeout: Canned,
 }
 
 impl Responses {
     pub(super) fn new(config: &Config, created: u64) -> Responses {
         let retry = config.retry_after_secs.to_string();
         let retry = [("retry-after", retry.as_str())];
-        let code = config.overload_status_code;
         let data: Vec<_> = config
             .models
             .iter()
@@ -97,14 +92,9 @@ impl Responses {
         let models = serde_json::json!({"object": "list", "data": data}).to_string();
         Responses {
             models: Canned::json(200, models.into_bytes(), &[]),
-            overloaded: Canned::error_typed(code, messages::OVERLOADED, "Overloaded", &retry),
-            direct_busy: Canned::error_typed(code, messages::DIRECT_BUSY, "Overloaded", &retry),
-            unavailable: Canned::error(503, messages::UNAVAILABLE, &retry),
             model_not_found: Canned::error(404, messages::MODEL_NOT_FOUND, &[]),
             not_found: Canned::error(404, messages::NOT_FOUND, &[]),
             too_many_connections: Canned::error(503, messages::TOO_MANY_CONNECTIONS, &retry),
-            worker_at_capacity: Canned::error_typed(code, AT_CAPACITY, "Overloaded", &retry),
-            queue_timeout: Canned::error_typed(code, QUEUE_TIMEOUT, "Overloaded", &retry),
         }
     }
 }

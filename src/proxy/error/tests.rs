@@ -1,0 +1,116 @@
+use super::*;
+
+fn decode(value: f64) -> Option<Why> {
+    Some(Why {
+        knob: Knob::DecodeBlocks,
+        value,
+        threshold: 0.85,
+    })
+}
+
+#[test]
+fn statuses_labels_and_retry_safety() {
+    let queue_timeout = RequestError::WorkerOverloaded(Refusal::QueueTimeout, None);
+    let cases = [
+        (RequestError::Overloaded(decode(0.9)), 529, "overload", true),
+        (queue_timeout, 529, "overload", true),
+        (RequestError::Unavailable, 503, "unavailable", true),
+        (RequestError::UnknownModel, 404, "not_found", false),
+        (RequestError::MissingModel, 400, "validation", false),
+        (
+            RequestError::Framing(HttpError::BodyTimeout),
+            408,
+            "validation",
+            false,
+        ),
+        (RequestError::BadGateway("x"), 502, "internal", false),
+        (RequestError::GatewayTimeout, 504, "response_timeout", false),
+    ];
+    for (e, status, label, retry) in cases {
+        let got = (e.status(529), e.label(), e.retry_safe());
+        assert_eq!(got, (status, label, retry), "{e:?}");
+    }
+    assert!(AttemptError::Refused(Refusal::AtCapacity, None).retry_safe());
+    assert!(AttemptError::Unreachable.retry_safe());
+    assert!(!AttemptError::BadGateway("x").retry_safe());
+    assert_eq!(AttemptError::Timeout.status(529), Some(504));
+    assert_eq!(AttemptError::ClientGone.label(), "cancelled");
+    assert_eq!(
+        Refusal::UpstreamUnavailable.to_client(None),
+        RequestError::Unavailable
+    );
+}
+
+fn snapshot() -> Snapshot {
+    let config = crate::config::Config::parse(
+        "retry_after_secs = 2\n[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
+        &crate::config::Overrides::default(),
+    )
+    .unwrap();
+    Snapshot::standalone(config, 1).unwrap()
+}
+
+fn render(e: RequestError) -> String {
+    let mut out = Vec::new();
+    e.write(&snapshot(), &mut out, b"r", true, true);
+    String::from_utf8(out).unwrap()
+}
+
+fn body(text: &str) -> serde_json::Value {
+    let (_, body) = text.split_once("\r\n\r\n").unwrap();
+    serde_json::from_str(body).unwrap()
+}
+
+#[test]
+fn one_place_renders_every_answer() {
+    let text = render(RequestError::Framing(HttpError::BodyTimeout));
+    assert!(
+        text.starts_with("HTTP/1.1 408 Request Timeout\r\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("timed out reading the request body"),
+        "{text}"
+    );
+    let text = render(RequestError::MethodNotAllowed { allow: "POST" });
+    assert!(text.contains("allow: POST\r\n"));
+    let text = render(RequestError::UnknownModel);
+    assert_eq!(
+        body(&text),
+        serde_json::json!({"message":"Model not found","type":"Not Found","code":404})
+    );
+}
+
+#[test]
+fn refusals_say_which_knob_the_value_and_the_setting() {
+    let text = render(RequestError::Overloaded(decode(0.9)));
+    assert!(text.starts_with("HTTP/1.1 529 "), "{text}");
+    assert!(text.contains("retry-after: 2\r\n"), "{text}");
+    assert_eq!(
+        body(&text),
+        serde_json::json!({
+            "message": "Service temporarily overloaded", "type": "Overloaded", "code": 529,
+            "knob": "decode_blocks", "value": 0.9, "threshold": 0.85,
+            "setting": "active_decode_blocks_threshold"
+        })
+    );
+    let full = Why {
+        knob: Knob::QueueFull,
+        value: 18.0,
+        threshold: 18.0,
+    };
+    let v = body(&render(RequestError::WorkerOverloaded(
+        Refusal::AtCapacity,
+        Some(full),
+    )));
+    assert_eq!(v["message"], AT_CAPACITY);
+    assert_eq!(
+        (v["knob"].as_str(), v["value"].as_u64()),
+        (Some("queue_full"), Some(18))
+    );
+    let v = body(&render(RequestError::Unavailable));
+    assert_eq!(v["type"], "Service Unavailable");
+    assert_eq!(v["knob"], "unreachable");
+    assert!(v.get("value").is_none(), "{v}");
+    assert!(v["setting"].as_str().is_some_and(|s| !s.is_empty()));
+}
