@@ -182,6 +182,38 @@ ensure_spillway() {
   fi
 }
 
+# origin_conf DIR PORT [AFFINITY]: an nginx config (printed) for the proxy benchmarks'
+# origin, a fast fixed JSON answer to POST /v1/chat/completions on 127.0.0.1:PORT; its pid,
+# logs and temp files go to DIR (created). AFFINITY is nginx's worker_cpu_affinity mask
+# (none: unpinned).
+origin_conf() {
+  local dir=$1 port=$2 affinity=${3:-}
+  mkdir -p "$dir"
+  cat <<EOF
+# The origin: a fast fixed answer to POST /v1/chat/completions.
+worker_processes 1;
+${affinity:+worker_cpu_affinity $affinity;}
+daemon off;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  client_body_temp_path $dir; proxy_temp_path $dir; fastcgi_temp_path $dir;
+  uwsgi_temp_path $dir; scgi_temp_path $dir;
+  keepalive_requests 100000000;
+  keepalive_timeout 120s;
+  server {
+    listen 127.0.0.1:$port backlog=4096;
+    location = /v1/chat/completions {
+      default_type application/json;
+      return 200 '{"id":"chatcmpl-bench","object":"chat.completion","model":"bench-model","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}';
+    }
+  }
+}
+EOF
+}
+
 # cpu_ticks PID...: utime+stime of the processes (all their threads), in clock ticks.
 cpu_ticks() {
   local total=0 pid f

@@ -34,28 +34,7 @@ watchdog "$MAX_SECONDS"
 T=$BENCH_TMP
 read -r P_ORIGIN P_PROXY P_ADMIN <<<"$(free_ports 3)"
 
-mkdir -p "$T/origin"
-cat >"$T/origin.conf" <<C
-worker_processes 1;
-daemon off;
-pid $T/origin/nginx.pid;
-error_log $T/origin/error.log warn;
-events { worker_connections 1024; }
-http {
-  access_log off;
-  client_body_temp_path $T/origin; proxy_temp_path $T/origin; fastcgi_temp_path $T/origin;
-  uwsgi_temp_path $T/origin; scgi_temp_path $T/origin;
-  keepalive_requests 100000000;
-  keepalive_timeout 120s;
-  server {
-    listen 127.0.0.1:$P_ORIGIN;
-    location = /v1/chat/completions {
-      default_type application/json;
-      return 200 '{"id":"chatcmpl-bench","object":"chat.completion","model":"bench-model","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}';
-    }
-  }
-}
-C
+origin_conf "$T/origin" "$P_ORIGIN" >"$T/origin.conf"
 # The monitor's tick is slowed down so that its work does not depend on how long a run lasts.
 cat >"$T/spillway.toml" <<C
 listen = "127.0.0.1:$P_PROXY"

@@ -51,30 +51,8 @@ T=$BENCH_TMP
 read -r P_ORIGIN P_SPILLWAY P_ADMIN P_NGINX P_HAPROXY <<<"$(free_ports 5)"
 
 # --- configurations -------------------------------------------------------------------
-mkdir -p "$T/origin" "$T/nginx"
-cat >"$T/origin.conf" <<EOF
-# The origin: a fast fixed answer to POST /v1/chat/completions.
-worker_processes 1;
-worker_cpu_affinity 10;
-daemon off;
-pid $T/origin/nginx.pid;
-error_log $T/origin/error.log warn;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  client_body_temp_path $T/origin; proxy_temp_path $T/origin; fastcgi_temp_path $T/origin;
-  uwsgi_temp_path $T/origin; scgi_temp_path $T/origin;
-  keepalive_requests 100000000;
-  keepalive_timeout 120s;
-  server {
-    listen 127.0.0.1:$P_ORIGIN backlog=4096;
-    location = /v1/chat/completions {
-      default_type application/json;
-      return 200 '{"id":"chatcmpl-bench","object":"chat.completion","model":"bench-model","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}]}';
-    }
-  }
-}
-EOF
+mkdir -p "$T/nginx"
+origin_conf "$T/origin" "$P_ORIGIN" 10 >"$T/origin.conf"
 
 cat >"$T/spillway.toml" <<EOF
 listen = "127.0.0.1:$P_SPILLWAY"
