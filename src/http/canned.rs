@@ -98,65 +98,65 @@ pub enum Field<'a> {
 const FIELDS_BODY_MAX: usize = 1024;
 
 /// An error answer rendered on the spot without allocating: Dynamo's
-/// `{"message","type","code"}` followed by `fields` (a client may ignore them), the
-/// `headers` (e.g. `retry-after`), then the request id and `connection`.
-#[allow(clippy::too_many_arguments)]
-pub fn write_error_fields(
-    out: &mut Vec<u8>,
-    status: u16,
-    message: &str,
-    kind: &str,
-    fields: &[(&str, Field<'_>)],
-    headers: &[(&str, &str)],
-    request_id: &[u8],
-    keep_alive: bool,
-    with_body: bool,
-) {
-    let mut buf = [0u8; FIELDS_BODY_MAX];
-    let mut body = std::io::Cursor::new(&mut buf[..]);
-    let _ = body_with_fields(&mut body, status, message, kind, fields);
-    let len = body.position() as usize;
-    status_line(out, status, canonical_reason(status).as_bytes());
-    out.extend_from_slice(b"content-type: application/json\r\ncontent-length: ");
-    out.extend_from_slice(itoa::Buffer::new().format(len).as_bytes());
-    out.extend_from_slice(b"\r\n");
-    for (k, v) in headers {
-        out.extend_from_slice(k.as_bytes());
-        out.extend_from_slice(b": ");
-        out.extend_from_slice(v.as_bytes());
+/// `{"message","type","code"}` followed by `fields` (a client may ignore them), with
+/// `headers` (e.g. `retry-after`) before the request id and `connection`.
+#[derive(Debug)]
+pub struct ErrorAnswer<'a> {
+    pub status: u16,
+    pub message: &'a str,
+    pub kind: &'a str,
+    pub fields: &'a [(&'a str, Field<'a>)],
+    pub headers: &'a [(&'a str, &'a str)],
+}
+
+impl ErrorAnswer<'_> {
+    /// Appends the whole response to `out`; the body is left out for HEAD requests.
+    pub fn write(&self, out: &mut Vec<u8>, request_id: &[u8], keep_alive: bool, with_body: bool) {
+        let mut buf = [0u8; FIELDS_BODY_MAX];
+        let mut body = std::io::Cursor::new(&mut buf[..]);
+        let _ = self.body(&mut body);
+        let len = body.position() as usize;
+        status_line(out, self.status, canonical_reason(self.status).as_bytes());
+        out.extend_from_slice(b"content-type: application/json\r\ncontent-length: ");
+        out.extend_from_slice(itoa::Buffer::new().format(len).as_bytes());
         out.extend_from_slice(b"\r\n");
+        for (k, v) in self.headers {
+            out.extend_from_slice(k.as_bytes());
+            out.extend_from_slice(b": ");
+            out.extend_from_slice(v.as_bytes());
+            out.extend_from_slice(b"\r\n");
+        }
+        finish_head(out, request_id, keep_alive);
+        if with_body {
+            out.extend_from_slice(&buf[..len]);
+        }
     }
-    finish_head(out, request_id, keep_alive);
-    if with_body {
-        out.extend_from_slice(&buf[..len]);
+
+    fn body(&self, w: &mut impl std::io::Write) -> std::io::Result<()> {
+        w.write_all(br#"{"message":"#)?;
+        serde_json::to_writer(&mut *w, self.message)?;
+        w.write_all(br#","type":"#)?;
+        serde_json::to_writer(&mut *w, self.kind)?;
+        write!(w, r#","code":{}"#, self.status)?;
+        for (name, value) in self.fields {
+            write_field(w, name, *value)?;
+        }
+        w.write_all(b"}")
     }
 }
 
-fn body_with_fields(
-    w: &mut impl std::io::Write,
-    status: u16,
-    message: &str,
-    kind: &str,
-    fields: &[(&str, Field<'_>)],
-) -> std::io::Result<()> {
-    w.write_all(br#"{"message":"#)?;
-    serde_json::to_writer(&mut *w, message)?;
-    w.write_all(br#","type":"#)?;
-    serde_json::to_writer(&mut *w, kind)?;
-    write!(w, r#","code":{status}"#)?;
-    for (name, value) in fields {
-        write!(w, ",")?;
-        serde_json::to_writer(&mut *w, name)?;
-        write!(w, ":")?;
-        match value {
-            Field::Str(s) => serde_json::to_writer(&mut *w, s)?,
-            // Whole numbers (token counts) as integers, fractions as they are.
-            Field::Num(v) if v.fract() == 0.0 && v.abs() < 1e15 => write!(w, "{}", *v as i64)?,
-            Field::Num(v) if v.is_finite() => serde_json::to_writer(&mut *w, v)?,
-            Field::Num(_) => write!(w, "null")?,
-        }
+/// `,"name":value`. Whole numbers (token counts) as integers, fractions as they are.
+fn write_field(w: &mut impl std::io::Write, name: &str, value: Field<'_>) -> std::io::Result<()> {
+    write!(w, ",")?;
+    serde_json::to_writer(&mut *w, name)?;
+    write!(w, ":")?;
+    match value {
+        Field::Str(s) => serde_json::to_writer(&mut *w, s)?,
+        Field::Num(v) if v.fract() == 0.0 && v.abs() < 1e15 => write!(w, "{}", v as i64)?,
+        Field::Num(v) if v.is_finite() => serde_json::to_writer(&mut *w, &v)?,
+        Field::Num(_) => write!(w, "null")?,
     }
-    w.write_all(b"}")
+    Ok(())
 }
 
 pub fn status_line(out: &mut Vec<u8>, status: u16, reason: &[u8]) {
@@ -214,17 +214,14 @@ mod tests {
             ("value", Field::Num(0.875)),
             ("threshold", Field::Num(2000.0)),
         ];
-        write_error_fields(
-            &mut out,
-            529,
-            "Service temporarily overloaded",
-            "Overloaded",
-            &fields,
-            &[("retry-after", "1")],
-            b"r",
-            true,
-            true,
-        );
+        let answer = ErrorAnswer {
+            status: 529,
+            message: "Service temporarily overloaded",
+            kind: "Overloaded",
+            fields: &fields,
+            headers: &[("retry-after", "1")],
+        };
+        answer.write(&mut out, b"r", true, true);
         let text = String::from_utf8(out).unwrap();
         let body = r#"{"message":"Service temporarily overloaded","type":"Overloaded","code":529,"knob":"decode_blocks","value":0.875,"threshold":2000}"#;
         assert!(text.ends_with(&format!("\r\n\r\n{body}")), "{text}");

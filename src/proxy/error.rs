@@ -11,7 +11,7 @@ use std::borrow::Cow;
 use super::core::FRESH_REQUEST_ID_LEN;
 use crate::admission::{AT_CAPACITY, QUEUE_TIMEOUT};
 use crate::http::HttpError;
-use crate::http::canned::{Field, messages, write_error, write_error_fields};
+use crate::http::canned::{ErrorAnswer, Field, messages, write_error};
 use crate::http::limits::MAX_REQUEST_ID_LEN;
 use crate::route::peek::PeekError;
 use crate::shed::{Knob, Why};
@@ -221,17 +221,14 @@ impl RequestError {
         let mut retry = itoa::Buffer::new();
         let headers = [("retry-after", retry.format(config.retry_after_secs))];
         let message = self.message();
-        write_error_fields(
-            out,
+        let answer = ErrorAnswer {
             status,
-            &message,
+            message: &message,
             kind,
-            &fields[..=n],
-            &headers,
-            request_id,
-            keep_alive,
-            with_body,
-        );
+            fields: &fields[..=n],
+            headers: &headers,
+        };
+        answer.write(out, request_id, keep_alive, with_body);
     }
 
     /// The `message` of the answer's JSON body.
