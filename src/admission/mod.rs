@@ -1,21 +1,51 @@
 //! Worker admission (semantics §6): at most N requests in flight to a worker and at most Q
-//! waiting, across all cores together, admitted strictly first come, first served.
+//! waiting, across all cores together, admitted strictly first come, first served. N holds
+//! at every instant: a waiter that leaves frees a queue place, never an engine slot.
 //!
-//! The [`Gate`] is one atomic word and a ring of wakers, all lock-free. The word packs two
-//! wrapping 32-bit counters, so every admission decision is one read-modify-write of one
-//! location and no side can act on a stale view of the other:
-//! - `issued`: tickets handed out. A request takes ticket `t` by compare-and-swap only
-//!   while `issued - done < N + Q`, so the cap is exact: never N + Q + 1.
-//! - `done`: tickets given back (finished, abandoned or timed out), one per ticket.
-//! - Ticket `t` may run once `t < done + N`. Tickets start in order, so a newcomer never
-//!   passes a waiter (FIFO across cores), and at most N run: `started - done <= N`.
-//! - Each release makes exactly one more ticket eligible (`done + N - 1`) and wakes it
-//!   through `wakers[t mod size]`; at most N + Q tickets are outstanding and the ring has
-//!   at least that many slots, so outstanding tickets never share one. The waker can
-//!   belong to a task on any core (monoio's cross-thread wake).
+//! The [`Gate`] is one atomic word plus N + Q places allocated up front, all lock-free: no
+//! lock, no thread spins or blocks on another, nothing allocated per request. The word
+//! packs three counts, so every admission decision is one read-modify-write of one location:
+//! - `r`: engine slots held, by running tickets and by grants under way (see `g`).
+//! - `l`: waiting tickets: admitted, not yet given a slot, not gone.
+//! - `g`: grants under way: slots a dispatcher has reserved (counted in `r`) and is handing
+//!   to the oldest waiter (still counted in `l`).
 //!
-//! A [`Ticket`] gives itself back on drop, on every path. `tests/loom.rs` model-checks
-//! every interleaving of small cases.
+//! Invariants: `r <= N`; every running ticket has its slot in `r`; admitted tickets are
+//! `r + l - g <= N + Q`; `g <= r + l` (each grant under way still counts its reserved slot
+//! in `r`, or, once granted, its waiter in `l` until settled, even if that ticket already
+//! ran and gave the slot back, so `r - g` alone may be negative for a moment); places in
+//! use never exceed the tickets counted, so a ticket counted in `l` always finds a FREE
+//! place.
+//!
+//! - **enter**: with `l == 0` and `r < N` (nobody queued, a slot free) take a slot, `r + 1`.
+//!   Otherwise, while `r + l - g < N + Q`, queue: `l + 1`, claim a FREE place (→ WAITING,
+//!   with an arrival number from a separate counter, which orders the queue), dispatch.
+//!   Otherwise refuse: the cap is exact.
+//! - **dispatch** hands free slots to the queue, oldest first. While `l > g` and `r < N`:
+//!   reserve (`r + 1, g + 1`), turn the oldest WAITING place GRANTED (one compare-and-swap,
+//!   raced by its owner's WAITING → FREE: one wins), wake it and settle (`g - 1, l - 1`: it
+//!   runs on the reserved slot). None waiting (it left, or has counted itself but not yet
+//!   claimed its place): settle by giving the slot back (`r - 1, g - 1`). A grant is paid
+//!   for before it is made, so grants never exceed the slots and none is ever taken back.
+//! - **no lost grant**: a dispatch with nothing to reserve still writes the word (unchanged,
+//!   or with a note bit when grants are under way). Its read-modify-write orders the
+//!   caller's claim before the next one on the word: a later release or settle sees that
+//!   place; an earlier one is seen by this dispatch. Each settle clears the note and, if it
+//!   was set, dispatches again.
+//! - **release** (a running or granted ticket ends): free its place if it has one, `r - 1`,
+//!   dispatch if someone waits.
+//! - **leave** (a waiting ticket dropped: client gone, queue timeout): WAITING → FREE and
+//!   `l - 1`, nothing else. If that compare-and-swap fails the ticket was granted
+//!   meanwhile: it holds a slot and releases it. A granted ticket keeps its place until it
+//!   ends (it is counted in `r`, so places still suffice).
+//!
+//! FIFO: grants go to the smallest arrival number among WAITING places, and the scan is
+//! repeated until a pass finds nothing older: a ticket whose `enter` returned before
+//! another's began was claimed before it, so it is visible once the later one is, and is
+//! granted first. `tests/loom.rs` model-checks cap, order and wake-ups.
+
+#[cfg(all(test, not(loom)))]
+mod tests;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -38,47 +68,67 @@ pub const AT_CAPACITY: &str = "Server overloaded: worker at capacity";
 pub const QUEUE_TIMEOUT: &str =
     "Server overloaded: request rejected after exceeding the backend admission queue delay";
 
+/// Width of each count in the word; N and Q are clamped below half of it.
+const BITS: u32 = 21;
+const MASK: u64 = (1 << BITS) - 1;
+const L1: u64 = 1;
+const R1: u64 = 1 << BITS;
+const G1: u64 = 1 << (2 * BITS);
+/// Set by a dispatch that found nothing to do while grants were under way.
+const NOTE: u64 = 1 << 63;
+const MAX_LIMIT: u32 = (1 << (BITS - 1)) - 1;
+
+/// (l, r, g) of a word.
+fn counts(w: u64) -> (u64, u64, u64) {
+    (w & MASK, (w >> BITS) & MASK, (w >> (2 * BITS)) & MASK)
+}
+
+/// A place's state: `arrival << 2 | status`; FREE is 0.
+const FREE: u64 = 0;
+const WAITING: u64 = 1;
+const GRANTED: u64 = 2;
+/// Arrival numbers wrap at 2^62; live ones are far closer than 2^61 to each other.
+const ARRIVAL_MASK: u64 = (1 << 62) - 1;
+
+/// True when arrival `a` came before arrival `b` (wrapping).
+fn before(a: u64, b: u64) -> bool {
+    ((a.wrapping_sub(b) << 2) as i64) < 0
+}
+
+/// One waiting (or granted) ticket's place.
+#[derive(Debug)]
+struct Place {
+    state: AtomicU64,
+    waker: AtomicWaker,
+}
+
 #[derive(Debug)]
 pub struct Gate {
     limit: u32,
     queue: u32,
-    /// `issued << 32 | done`, both wrapping.
+    /// `note | g << 42 | r << 21 | l`.
     word: CachePadded<AtomicU64>,
-    wakers: Box<[AtomicWaker]>,
-    mask: u32,
+    places: Box<[Place]>,
+    arrivals: AtomicU64,
     rejected: AtomicU64,
 }
 
-fn issued(word: u64) -> u32 {
-    (word >> 32) as u32
-}
-
-fn done(word: u64) -> u32 {
-    word as u32
-}
-
-fn pack(issued: u32, done: u32) -> u64 {
-    (u64::from(issued) << 32) | u64::from(done)
-}
-
-/// Ticket `t` holds a slot once `t < done + limit`, in wrapping arithmetic: outstanding
-/// tickets are within N + Q of `done`, far inside the 2^31 window.
-fn eligible(t: u32, done: u32, limit: u32) -> bool {
-    (t.wrapping_sub(done) as i32) < limit as i32
-}
-
 impl Gate {
-    /// `limit` engine slots (N ≥ 1) and `queue` waiting places (Q); N + Q below 2^30.
+    /// `limit` engine slots (N ≥ 1) and `queue` waiting places (Q), each below 2^20.
     pub fn new(limit: u32, queue: u32) -> Gate {
-        let limit = limit.clamp(1, 1 << 29);
-        let queue = queue.min(1 << 29);
-        let size = (limit + queue).next_power_of_two();
+        let limit = limit.clamp(1, MAX_LIMIT);
+        let queue = queue.min(MAX_LIMIT);
         Gate {
             limit,
             queue,
             word: CachePadded::new(AtomicU64::new(0)),
-            wakers: (0..size).map(|_| AtomicWaker::new()).collect(),
-            mask: size - 1,
+            places: (0..limit + queue)
+                .map(|_| Place {
+                    state: AtomicU64::new(FREE),
+                    waker: AtomicWaker::new(),
+                })
+                .collect(),
+            arrivals: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
         }
     }
@@ -91,47 +141,136 @@ impl Gate {
         self.queue
     }
 
-    /// Takes a ticket, or `None` when N + Q are already admitted (the caller refuses with
-    /// [`AT_CAPACITY`]).
+    /// Takes a ticket: a slot now, or a place in the queue; `None` when N + Q are already
+    /// admitted (the caller refuses with [`AT_CAPACITY`]).
     pub fn enter(&self) -> Option<Ticket<'_>> {
-        let cap = self.limit + self.queue;
+        let (n, cap) = (u64::from(self.limit), u64::from(self.limit + self.queue));
         let taken = self
             .word
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-                (issued(w).wrapping_sub(done(w)) < cap)
-                    .then(|| pack(issued(w).wrapping_add(1), done(w)))
+                let (l, r, g) = counts(w);
+                if l == 0 && r < n {
+                    Some(w + R1)
+                } else if r + l - g < cap {
+                    Some(w + L1)
+                } else {
+                    None
+                }
             });
-        match taken {
-            Ok(w) => Some(Ticket {
-                gate: self,
-                t: issued(w),
-            }),
-            Err(_) => {
-                self.rejected.fetch_add(1, Ordering::Relaxed);
-                None
+        let Ok(before) = taken else {
+            self.rejected.fetch_add(1, Ordering::Relaxed);
+            return None;
+        };
+        let (l, r, _) = counts(before);
+        let place = if l == 0 && r < n {
+            None
+        } else {
+            let place = self.claim();
+            self.dispatch();
+            Some(place)
+        };
+        Some(Ticket { gate: self, place })
+    }
+
+    /// Claims a FREE place for a ticket already counted in `l`. One is always free: places
+    /// in use never exceed the other tickets counted.
+    fn claim(&self) -> Waiting {
+        let arrival = self.arrivals.fetch_add(1, Ordering::Relaxed) & ARRIVAL_MASK;
+        let state = arrival << 2 | WAITING;
+        let mut i = (arrival % self.places.len() as u64) as usize;
+        loop {
+            let s = &self.places[i].state;
+            if s.compare_exchange(FREE, state, Ordering::AcqRel, Ordering::Relaxed)
+                .is_ok()
+            {
+                return Waiting { index: i, state };
+            }
+            i = (i + 1) % self.places.len();
+        }
+    }
+
+    /// Hands free slots to the oldest waiters while there are both (see the module doc).
+    fn dispatch(&self) {
+        let n = u64::from(self.limit);
+        loop {
+            let reserved = self
+                .word
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                    let (l, r, g) = counts(w);
+                    if l > g && r < n {
+                        Some(w + R1 + G1)
+                    } else if g > 0 {
+                        Some(w | NOTE)
+                    } else {
+                        // Written back unchanged: still a read-modify-write, which orders
+                        // this waiter's claim before the next release (see the module doc).
+                        Some(w)
+                    }
+                })
+                .unwrap_or_else(|w| w);
+            let (l, r, g) = counts(reserved);
+            if l <= g || r >= n {
+                return; // nothing to do, or a note left for the grants under way
+            }
+            let settle = match self.grant_oldest() {
+                Some(_) => G1 + L1,
+                None => G1 + R1,
+            };
+            let before = self
+                .word
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                    Some((w - settle) & !NOTE)
+                })
+                .unwrap_or_else(|w| w);
+            if settle == G1 + R1 && before & NOTE == 0 {
+                return;
             }
         }
     }
 
-    fn is_eligible(&self, t: u32) -> bool {
-        eligible(t, done(self.word.load(Ordering::Acquire)), self.limit)
+    /// Turns the oldest WAITING place GRANTED and wakes its task; `None` when no place
+    /// waits.
+    fn grant_oldest(&self) -> Option<usize> {
+        loop {
+            let (i, s) = self.oldest_waiting()?;
+            let place = &self.places[i];
+            let granted = s - WAITING + GRANTED;
+            if place
+                .state
+                .compare_exchange(s, granted, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                place.waker.wake();
+                return Some(i);
+            }
+        }
     }
 
-    /// Gives a ticket back and wakes the one that becomes eligible, if it is waiting.
+    /// The WAITING place with the smallest arrival number. A second pass finds any older
+    /// one claimed while the first ran: it was claimed before the one found (its `enter`
+    /// finished first), so it is visible now.
+    fn oldest_waiting(&self) -> Option<(usize, u64)> {
+        let mut best: Option<(usize, u64)> = None;
+        loop {
+            let mut older = false;
+            for (i, p) in self.places.iter().enumerate() {
+                let s = p.state.load(Ordering::Acquire);
+                if s & 3 == WAITING && best.is_none_or(|(_, b)| before(s >> 2, b >> 2)) {
+                    best = Some((i, s));
+                    older = true;
+                }
+            }
+            if !older {
+                return best;
+            }
+        }
+    }
+
+    /// Gives back the slot of a ticket that holds one.
     fn release(&self) {
-        let Ok(before) = self
-            .word
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-                Some(pack(issued(w), done(w).wrapping_add(1)))
-            })
-        else {
-            return;
-        };
-        let done = done(before).wrapping_add(1);
-        let outstanding = issued(before).wrapping_sub(done);
-        if outstanding >= self.limit {
-            let next = done.wrapping_add(self.limit - 1);
-            self.wakers[(next & self.mask) as usize].wake();
+        let before = self.word.fetch_sub(R1, Ordering::AcqRel);
+        if counts(before).0 > 0 {
+            self.dispatch();
         }
     }
 
@@ -140,12 +279,14 @@ impl Gate {
         self.rejected.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// (in flight, waiting), for gauges.
+    /// (in flight, waiting), for gauges. Slots free or reserved while someone waits are
+    /// that waiter's already (it is being granted), so in flight ≤ N and waiting ≤ Q at
+    /// every instant.
     pub fn occupancy(&self) -> (u64, u64) {
-        let w = self.word.load(Ordering::Acquire);
-        let outstanding = issued(w).wrapping_sub(done(w));
-        let running = outstanding.min(self.limit);
-        (u64::from(running), u64::from(outstanding - running))
+        let (l, r, g) = counts(self.word.load(Ordering::Acquire));
+        let admitted = r + l - g;
+        let running = admitted.min(u64::from(self.limit));
+        (running, admitted - running)
     }
 
     pub fn rejected(&self) -> u64 {
@@ -153,21 +294,31 @@ impl Gate {
     }
 }
 
+/// A queued ticket's place and its WAITING state (arrival number included).
+#[derive(Debug, Clone, Copy)]
+struct Waiting {
+    index: usize,
+    state: u64,
+}
+
 /// A place at the gate: waiting until [`Ticket::ready`], then an engine slot. Given back
 /// on drop, whatever happened.
 #[derive(Debug)]
 pub struct Ticket<'a> {
     gate: &'a Gate,
-    t: u32,
+    /// `None`: ran at once.
+    place: Option<Waiting>,
 }
 
 impl Ticket<'_> {
     /// True once this ticket holds an engine slot.
     pub fn is_ready(&self) -> bool {
-        self.gate.is_eligible(self.t)
+        self.place.is_none_or(|p| {
+            self.gate.places[p.index].state.load(Ordering::Acquire) == p.state - WAITING + GRANTED
+        })
     }
 
-    /// Resolves when this ticket's turn has come.
+    /// Resolves when this ticket holds an engine slot.
     pub fn ready(&self) -> Ready<'_, '_> {
         Ready { ticket: self }
     }
@@ -175,7 +326,22 @@ impl Ticket<'_> {
 
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
-        self.gate.release();
+        let gate = self.gate;
+        let Some(p) = self.place else {
+            return gate.release();
+        };
+        let state = &gate.places[p.index].state;
+        match state.compare_exchange(p.state, FREE, Ordering::AcqRel, Ordering::Acquire) {
+            // Left the queue: a place freed, no slot.
+            Ok(_) => {
+                gate.word.fetch_sub(L1, Ordering::AcqRel);
+            }
+            // Granted (perhaps just now): the place is ours to free, then the slot.
+            Err(_) => {
+                state.store(FREE, Ordering::Release);
+                gate.release();
+            }
+        }
     }
 }
 
@@ -189,130 +355,21 @@ impl Future for Ready<'_, '_> {
     type Output = ();
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
-        let Ticket { gate, t } = *self.ticket;
-        if gate.is_eligible(t) {
+        let ticket = self.ticket;
+        let Some(p) = ticket.place.filter(|_| !ticket.is_ready()) else {
             return Poll::Ready(());
-        }
-        // Register first, then check again: a release in between either sees the waker
-        // or is seen by the second check.
+        };
+        // Register first, then check again: a grant in between either sees the waker or
+        // is seen by the second check.
+        let waker = &ticket.gate.places[p.index].waker;
         #[cfg(loom)]
-        gate.wakers[(t & gate.mask) as usize].register(cx.waker().clone());
+        waker.register(cx.waker().clone());
         #[cfg(not(loom))]
-        gate.wakers[(t & gate.mask) as usize].register(cx.waker());
-        if gate.is_eligible(t) {
+        waker.register(cx.waker());
+        if ticket.is_ready() {
             Poll::Ready(())
         } else {
             Poll::Pending
         }
-    }
-}
-
-#[cfg(all(test, not(loom)))]
-mod tests {
-    use super::*;
-    use std::sync::Arc;
-    use std::sync::atomic::AtomicUsize;
-
-    #[test]
-    fn wrapping_counters() {
-        assert!(eligible(5, 5, 1));
-        assert!(!eligible(6, 5, 1));
-        assert!(eligible(3, 5, 1), "an earlier ticket stays eligible");
-        assert!(eligible(u32::MAX, u32::MAX - 1, 2));
-        assert!(eligible(0, u32::MAX, 2), "across the wrap");
-        assert!(!eligible(1, u32::MAX, 2));
-        // A gate whose counters sit just below the wrap keeps its cap.
-        let g = Gate::new(1, 2);
-        g.word
-            .store(pack(u32::MAX - 1, u32::MAX - 1), Ordering::SeqCst);
-        let a = g.enter().unwrap();
-        let b = g.enter().unwrap();
-        let c = g.enter().unwrap();
-        assert!(g.enter().is_none());
-        assert!(a.is_ready() && !b.is_ready() && !c.is_ready());
-        drop(a);
-        assert!(b.is_ready() && !c.is_ready());
-        drop(b);
-        assert!(c.is_ready());
-        drop(c);
-        assert_eq!(g.occupancy(), (0, 0));
-    }
-
-    #[test]
-    fn exact_cap_and_fifo() {
-        let g = Gate::new(2, 2);
-        let a = g.enter().unwrap();
-        let b = g.enter().unwrap();
-        let c = g.enter().unwrap();
-        let d = g.enter().unwrap();
-        assert!(g.enter().is_none(), "N + Q + 1 admitted");
-        assert!(a.is_ready() && b.is_ready());
-        assert!(!c.is_ready() && !d.is_ready());
-        assert_eq!(g.occupancy(), (2, 2));
-        drop(b); // out of order completion still frees the next in line
-        assert!(c.is_ready() && !d.is_ready());
-        let e = g.enter().unwrap(); // one place freed
-        assert!(g.enter().is_none());
-        drop(d); // d gives up while queued: e moves up but still waits for a slot
-        assert!(!e.is_ready());
-        drop(a);
-        assert!(e.is_ready());
-        assert_eq!(g.rejected(), 2);
-        drop((c, e));
-        assert_eq!(g.occupancy(), (0, 0));
-    }
-
-    /// Many threads hammer one gate: never more than N running or N + Q admitted, and
-    /// every ticket ends.
-    #[test]
-    fn concurrent_hammer_never_exceeds_the_cap() {
-        const N: u32 = 3;
-        const Q: u32 = 2;
-        let g = Arc::new(Gate::new(N, Q));
-        let running = Arc::new(AtomicUsize::new(0));
-        let admitted = Arc::new(AtomicUsize::new(0));
-        let max_running = Arc::new(AtomicUsize::new(0));
-        let max_admitted = Arc::new(AtomicUsize::new(0));
-        let threads: Vec<_> = (0..8)
-            .map(|_| {
-                let (g, running, admitted, max_running, max_admitted) = (
-                    g.clone(),
-                    running.clone(),
-                    admitted.clone(),
-                    max_running.clone(),
-                    max_admitted.clone(),
-                );
-                std::thread::spawn(move || {
-                    for i in 0..2_000 {
-                        let Some(t) = g.enter() else { continue };
-                        let a = admitted.fetch_add(1, Ordering::SeqCst) + 1;
-                        max_admitted.fetch_max(a, Ordering::SeqCst);
-                        // Spin until our turn (or give up sometimes, like a timeout).
-                        let mut spins = 0u32;
-                        while !t.is_ready() {
-                            spins += 1;
-                            if i % 7 == 0 && spins > 50 {
-                                break;
-                            }
-                            std::hint::spin_loop();
-                        }
-                        if t.is_ready() {
-                            let r = running.fetch_add(1, Ordering::SeqCst) + 1;
-                            max_running.fetch_max(r, Ordering::SeqCst);
-                            std::hint::spin_loop();
-                            running.fetch_sub(1, Ordering::SeqCst);
-                        }
-                        admitted.fetch_sub(1, Ordering::SeqCst);
-                        drop(t);
-                    }
-                })
-            })
-            .collect();
-        for t in threads {
-            t.join().unwrap();
-        }
-        assert!(max_running.load(Ordering::SeqCst) <= N as usize);
-        assert!(max_admitted.load(Ordering::SeqCst) <= (N + Q) as usize);
-        assert_eq!(g.occupancy(), (0, 0));
     }
 }
