@@ -17,13 +17,14 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use spillway::admission::Gate;
+use spillway::shed::Class;
 
 fn acquire_release(c: &mut Criterion) {
     let mut g = c.benchmark_group("acquire_release");
     let gate = Gate::new(64, 16);
     g.bench_function("uncontended", |b| {
         b.iter(|| {
-            let t = gate.enter().unwrap();
+            let t = gate.enter(Class::Standard).unwrap();
             black_box(t.is_ready());
         })
     });
@@ -35,7 +36,7 @@ fn acquire_release(c: &mut Criterion) {
             let _ = monoio::utils::bind_to_cpu_set([1]);
             while !stop.load(Ordering::Relaxed) {
                 for _ in 0..1000 {
-                    drop(black_box(gate.enter()));
+                    drop(black_box(gate.enter(Class::Standard)));
                 }
             }
         })
@@ -45,7 +46,7 @@ fn acquire_release(c: &mut Criterion) {
         b.iter_custom(|iters| {
             let start = Instant::now();
             for _ in 0..iters {
-                if let Some(t) = gate.enter() {
+                if let Some(t) = gate.enter(Class::Standard) {
                     black_box(t.is_ready());
                 }
             }
@@ -64,8 +65,8 @@ fn enqueue_wake(c: &mut Criterion) {
     let mut cx = Context::from_waker(waker);
     g.bench_function("enqueue_wake", |b| {
         b.iter(|| {
-            let running = gate.enter().unwrap();
-            let waiting = gate.enter().unwrap();
+            let running = gate.enter(Class::Standard).unwrap();
+            let waiting = gate.enter(Class::Standard).unwrap();
             {
                 let mut ready = pin!(waiting.ready());
                 assert!(ready.as_mut().poll(&mut cx).is_pending());

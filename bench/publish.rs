@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;
+use spillway::shed::Class;
 use spillway::state::BusySet;
 
 /// The last generation; readers stop on it.
@@ -39,7 +40,7 @@ fn template() -> BusySet {
     s.set_enabled(0);
     for m in 0..1000u32 {
         if m % 5 == 0 {
-            s.set_busy(m, None);
+            s.set_busy(Class::Standard, m, None);
         }
         s.set_load(m, (m * 7 % 1000) as u16);
     }

@@ -17,6 +17,7 @@ use arc_swap::ArcSwap;
 use criterion::{BenchmarkId, Criterion, criterion_group, criterion_main};
 use spillway::config::{Config, Overrides};
 use spillway::route::{self, MemberState, Pick, Rng, RouterMode};
+use spillway::shed::Class;
 use spillway::state::{BusySet, Snapshot};
 
 /// The per-core state `pick` reads, shaped as in `CoreCtx`.
@@ -39,7 +40,7 @@ fn pick(core: &Core, snap: &Snapshot, model_idx: usize, now: u64) -> Pick {
         let w = &snap.workers[m.worker as usize].state;
         MemberState {
             unreachable: w.is_down(now) || (i < 128 && failed & (1u128 << i) != 0),
-            busy: shed && busy.is_busy(m.id),
+            busy: shed && busy.is_busy(Class::Standard, m.id),
             inflight: w.inflight_on(core.id),
             load: busy.load(m.id),
         }
@@ -71,7 +72,7 @@ fn setup(members: usize, mode: &str) -> (Snapshot, Core, Arc<ArcSwap<BusySet>>) 
     set.set_enabled(model.id);
     for (i, m) in model.members.iter().enumerate() {
         if i % 4 == 1 {
-            set.set_busy(m.id, None);
+            set.set_busy(Class::Standard, m.id, None);
         }
         set.set_load(m.id, (fleet::mix(i as u64) % 1000) as u16);
         let w = &snap.workers[m.worker as usize].state;

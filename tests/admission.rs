@@ -78,7 +78,7 @@ fn ten_at_once_on_two_slots_and_two_places() {
     assert_eq!(
         gauge(
             &p,
-            "spillway_refusals_total{model=\"m\",knob=\"queue_full\"}"
+            "spillway_refusals_total{model=\"m\",knob=\"queue_full\",class=\"standard\"}"
         ),
         6.0
     );

@@ -221,7 +221,11 @@ fn a_waiter_that_leaves_frees_a_place_never_a_slot() {
             }
             log.release();
             assert_eq!(first.join().unwrap().status, 200);
-            assert_eq!(log.tags(), std::slice::from_ref(&hold), "a timed-out request ran");
+            assert_eq!(
+                log.tags(),
+                std::slice::from_ref(&hold),
+                "a timed-out request ran"
+            );
         } else {
             log.release();
             assert_eq!(first.join().unwrap().status, 200);

@@ -22,6 +22,7 @@ use std::sync::{Arc, Mutex};
 
 use loom::thread;
 use spillway::admission::{Gate, Ticket};
+use spillway::shed::Class;
 
 /// What a request does once admitted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -43,7 +44,12 @@ struct Shared {
     busy: bool,
     limit: usize,
     cap: usize,
+    /// Each request's class by id (standard when absent), and the slots sheddable ones may
+    /// fill.
+    classes: &'static [Class],
+    sheddable_limit: usize,
     running: AtomicUsize,
+    running_sheddable: AtomicUsize,
     admitted: AtomicUsize,
     /// Requests in the order they started running.
     started: Mutex<Vec<usize>>,
@@ -51,20 +57,37 @@ struct Shared {
 
 impl Shared {
     fn new(limit: u32, queue: u32, busy: bool) -> Arc<Shared> {
+        Shared::with_classes(limit, queue, busy, &[], limit)
+    }
+
+    fn with_classes(
+        limit: u32,
+        queue: u32,
+        busy: bool,
+        classes: &'static [Class],
+        sheddable_limit: u32,
+    ) -> Arc<Shared> {
         Arc::new(Shared {
-            gate: Gate::new(limit, queue),
+            gate: Gate::with_class_limits(limit, queue, [limit, limit, sheddable_limit]),
             busy,
             limit: limit as usize,
             cap: (limit + queue) as usize,
+            classes,
+            sheddable_limit: sheddable_limit as usize,
             running: AtomicUsize::new(0),
+            running_sheddable: AtomicUsize::new(0),
             admitted: AtomicUsize::new(0),
             started: Mutex::new(Vec::new()),
         })
     }
 
     /// One request: `enter`, then `plan`.
+    fn class(&self, id: usize) -> Class {
+        self.classes.get(id).copied().unwrap_or_default()
+    }
+
     fn request(&self, id: usize, plan: Plan) {
-        let Some(ticket) = self.gate.enter() else {
+        let Some(ticket) = self.gate.enter(self.class(id)) else {
             return;
         };
         let a = self.admitted.fetch_add(1, Ordering::SeqCst) + 1;
@@ -89,9 +112,17 @@ impl Shared {
         if run {
             let r = self.running.fetch_add(1, Ordering::SeqCst) + 1;
             assert!(r <= self.limit, "more than N in flight");
+            let sheddable = self.class(id) == Class::Sheddable;
+            if sheddable {
+                let r = self.running_sheddable.fetch_add(1, Ordering::SeqCst) + 1;
+                assert!(r <= self.sheddable_limit, "sheddable over its share");
+            }
             self.started.lock().unwrap().push(id);
             if self.busy {
                 thread::yield_now();
+            }
+            if sheddable {
+                self.running_sheddable.fetch_sub(1, Ordering::SeqCst);
             }
             self.running.fetch_sub(1, Ordering::SeqCst);
         }
@@ -107,8 +138,20 @@ impl Shared {
 
 /// All requests arrive at once, in any order (the first on the model's own thread).
 fn concurrent(limit: u32, queue: u32, plans: &'static [Plan]) {
+    concurrent_classes(limit, queue, plans, &[], limit);
+}
+
+/// As [`concurrent`], request `i` of class `classes[i]`, sheddable ones filling at most
+/// `sheddable_limit` slots.
+fn concurrent_classes(
+    limit: u32,
+    queue: u32,
+    plans: &'static [Plan],
+    classes: &'static [Class],
+    sheddable_limit: u32,
+) {
     loom::model(move || {
-        let s = Shared::new(limit, queue, false);
+        let s = Shared::with_classes(limit, queue, false, classes, sheddable_limit);
         let threads: Vec<_> = (1..plans.len())
             .map(|id| {
                 let s = s.clone();
@@ -129,7 +172,7 @@ fn concurrent(limit: u32, queue: u32, plans: &'static [Plan]) {
 /// leaving, wakes) runs concurrently.
 fn in_order(limit: u32, queue: u32, busy: bool, plans: &'static [Plan]) {
     fn chain(s: Arc<Shared>, id: usize, plans: &'static [Plan]) {
-        let ticket = s.gate.enter();
+        let ticket = s.gate.enter(s.class(id));
         let next = (id + 1 < plans.len()).then(|| {
             let s = s.clone();
             thread::spawn(move || chain(s, id + 1, plans))
@@ -214,4 +257,30 @@ fn two_slots_two_places_three_at_once() {
 #[test]
 fn one_slot_no_place_two_at_once() {
     concurrent(1, 0, &[Run, Leave]);
+}
+
+/// Two sheddable requests (at most one slot of two between them) and a critical one at
+/// once: the share holds, and a sheddable waiter gets the slot its share allows once the
+/// other ends (a wake-up lost to a passed-over grant would deadlock).
+#[test]
+fn two_slots_sheddable_share_one_three_at_once() {
+    concurrent_classes(
+        2,
+        2,
+        &[Run, Run, Run],
+        &[Class::Sheddable, Class::Sheddable, Class::Critical],
+        1,
+    );
+}
+
+/// A sheddable waiter passed over for its share while a critical one times out.
+#[test]
+fn two_slots_sheddable_share_one_critical_times_out() {
+    concurrent_classes(
+        2,
+        1,
+        &[Run, Run, TimeOut],
+        &[Class::Sheddable, Class::Sheddable, Class::Critical],
+        1,
+    );
 }

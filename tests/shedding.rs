@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 const OVERLOADED: &str = concat!(
     r#"{"message":"Service temporarily overloaded","type":"Overloaded","code":529,"#,
     r#""knob":"prefill_tokens","value":1001,"threshold":1000,"#,
-    r#""setting":"active_prefill_tokens_threshold"}"#
+    r#""setting":"active_prefill_tokens_threshold","class":"standard"}"#
 );
 
 fn push(p: &ServerHandle, body: &str) {
@@ -130,7 +130,7 @@ fn all_busy_gets_529_with_exact_body_and_retry_after() {
     assert_eq!(
         metric_value(
             &m,
-            "spillway_refusals_total{model=\"m\",knob=\"prefill_tokens\"}"
+            "spillway_refusals_total{model=\"m\",knob=\"prefill_tokens\",class=\"standard\"}"
         ),
         Some(1.0)
     );

@@ -39,10 +39,19 @@
 //!   meanwhile: it holds a slot and releases it. A granted ticket keeps its place until it
 //!   ends (it is counted in `r`, so places still suffice).
 //!
-//! FIFO: grants go to the smallest arrival number among WAITING places, and the scan is
-//! repeated until a pass finds nothing older: a ticket whose `enter` returned before
-//! another's began was claimed before it, so it is visible once the later one is, and is
-//! granted first. `tests/loom.rs` model-checks cap, order and wake-ups.
+//! Order: grants go to the WAITING place of the most important class, and within it the
+//! smallest arrival number; the scan is repeated until a pass finds nothing better: a
+//! ticket whose `enter` returned before another's began was claimed before it, so it is
+//! visible once the later one is, and is granted first. `tests/loom.rs` model-checks cap,
+//! order and wake-ups.
+//!
+//! Classes ([`Class`]) may each fill only part of the N slots (`class_limits`, all N by
+//! default): a ticket of class `c` takes a slot only while fewer than `limit[c]` are held.
+//! A dispatch reserves first and then grants the best waiter its reservation allows (it
+//! reserved slot number `r`, so waiters of classes with `limit <= r` are passed over). A
+//! dispatch that passed over a waiter and gives its slot back looks at the word it wrote:
+//! when fewer slots are held than that waiter's limit (a release or another give-back came
+//! meanwhile), it dispatches again, so no waiter is left behind a slot it may take.
 
 #[cfg(all(test, not(loom)))]
 mod tests;
@@ -52,6 +61,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use crossbeam_utils::CachePadded;
+
+use crate::shed::Class;
 
 #[cfg(loom)]
 use loom::future::AtomicWaker;
@@ -83,16 +94,45 @@ fn counts(w: u64) -> (u64, u64, u64) {
     (w & MASK, (w >> BITS) & MASK, (w >> (2 * BITS)) & MASK)
 }
 
-/// A place's state: `arrival << 2 | status`; FREE is 0.
+/// A place's state: `arrival << 4 | class << 2 | status`; FREE is 0.
 const FREE: u64 = 0;
 const WAITING: u64 = 1;
 const GRANTED: u64 = 2;
-/// Arrival numbers wrap at 2^62; live ones are far closer than 2^61 to each other.
-const ARRIVAL_MASK: u64 = (1 << 62) - 1;
+const STATUS: u64 = 3;
+const ARRIVAL_SHIFT: u32 = 4;
+/// Arrival numbers wrap at 2^60; live ones are far closer than 2^59 to each other.
+const ARRIVAL_MASK: u64 = (1 << 60) - 1;
 
 /// True when arrival `a` came before arrival `b` (wrapping).
 fn before(a: u64, b: u64) -> bool {
-    ((a.wrapping_sub(b) << 2) as i64) < 0
+    ((a.wrapping_sub(b) << ARRIVAL_SHIFT) as i64) < 0
+}
+
+fn class_of(state: u64) -> usize {
+    ((state >> 2) & 3) as usize
+}
+
+/// True when place state `a` is served before `b`: a more important class, or the same
+/// class and an earlier arrival.
+fn served_before(a: u64, b: u64) -> bool {
+    match class_of(a).cmp(&class_of(b)) {
+        std::cmp::Ordering::Less => true,
+        std::cmp::Ordering::Greater => false,
+        std::cmp::Ordering::Equal => before(a >> ARRIVAL_SHIFT, b >> ARRIVAL_SHIFT),
+    }
+}
+
+/// The slots a class with `share` of N may fill: at least one, at most N.
+pub fn class_slots(limit: u32, share: f64) -> u32 {
+    ((f64::from(limit) * share) as u32).clamp(1, limit.max(1))
+}
+
+/// What a dispatch's scan did.
+enum Granted {
+    Yes,
+    /// Nobody waits that this reservation could serve; `Some(limit)`: a waiter was passed
+    /// over for its class limit (the lowest such limit).
+    No(Option<u64>),
 }
 
 /// One waiting (or granted) ticket's place.
@@ -106,6 +146,8 @@ struct Place {
 pub struct Gate {
     limit: u32,
     queue: u32,
+    /// Slots each class may fill, by [`Class::index`].
+    class_limits: [u32; 3],
     /// `note | g << 42 | r << 21 | l`.
     word: CachePadded<AtomicU64>,
     places: Box<[Place]>,
@@ -114,13 +156,21 @@ pub struct Gate {
 }
 
 impl Gate {
-    /// `limit` engine slots (N ≥ 1) and `queue` waiting places (Q), each below 2^20.
+    /// `limit` engine slots (N ≥ 1) and `queue` waiting places (Q), each below 2^20; every
+    /// class may fill all N.
     pub fn new(limit: u32, queue: u32) -> Gate {
+        Gate::with_class_limits(limit, queue, [limit; 3])
+    }
+
+    /// As [`Gate::new`], each class filling at most its `class_limits` entry (by
+    /// [`Class::index`]; clamped to 1..=N).
+    pub fn with_class_limits(limit: u32, queue: u32, class_limits: [u32; 3]) -> Gate {
         let limit = limit.clamp(1, MAX_LIMIT);
         let queue = queue.min(MAX_LIMIT);
         Gate {
             limit,
             queue,
+            class_limits: class_limits.map(|c| c.clamp(1, limit)),
             word: CachePadded::new(AtomicU64::new(0)),
             places: (0..limit + queue)
                 .map(|_| Place {
@@ -141,10 +191,15 @@ impl Gate {
         self.queue
     }
 
-    /// Takes a ticket: a slot now, or a place in the queue; `None` when N + Q are already
-    /// admitted (the caller refuses with [`AT_CAPACITY`]).
-    pub fn enter(&self) -> Option<Ticket<'_>> {
-        let (n, cap) = (u64::from(self.limit), u64::from(self.limit + self.queue));
+    pub fn class_limit(&self, class: Class) -> u32 {
+        self.class_limits[class.index()]
+    }
+
+    /// Takes a ticket for a request of `class`: a slot now, or a place in the queue; `None`
+    /// when N + Q are already admitted (the caller refuses with [`AT_CAPACITY`]).
+    pub fn enter(&self, class: Class) -> Option<Ticket<'_>> {
+        let n = u64::from(self.class_limits[class.index()]);
+        let cap = u64::from(self.limit + self.queue);
         let taken = self
             .word
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
@@ -165,7 +220,7 @@ impl Gate {
         let place = if l == 0 && r < n {
             None
         } else {
-            let place = self.claim();
+            let place = self.claim(class);
             self.dispatch();
             Some(place)
         };
@@ -174,9 +229,9 @@ impl Gate {
 
     /// Claims a FREE place for a ticket already counted in `l`. One is always free: places
     /// in use never exceed the other tickets counted.
-    fn claim(&self) -> Waiting {
+    fn claim(&self, class: Class) -> Waiting {
         let arrival = self.arrivals.fetch_add(1, Ordering::Relaxed) & ARRIVAL_MASK;
-        let state = arrival << 2 | WAITING;
+        let state = arrival << ARRIVAL_SHIFT | (class.index() as u64) << 2 | WAITING;
         let mut i = (arrival % self.places.len() as u64) as usize;
         loop {
             let s = &self.places[i].state;
@@ -212,9 +267,10 @@ impl Gate {
             if l <= g || r >= n {
                 return; // nothing to do, or a note left for the grants under way
             }
-            let settle = match self.grant_oldest() {
-                Some(_) => G1 + L1,
-                None => G1 + R1,
+            let granted = self.grant_best(r);
+            let settle = match granted {
+                Granted::Yes => G1 + L1,
+                Granted::No(_) => G1 + R1,
             };
             let before = self
                 .word
@@ -222,17 +278,24 @@ impl Gate {
                     Some((w - settle) & !NOTE)
                 })
                 .unwrap_or_else(|w| w);
-            if settle == G1 + R1 && before & NOTE == 0 {
-                return;
+            let held_now = counts(before - settle).1;
+            match granted {
+                Granted::Yes => {}
+                _ if before & NOTE != 0 => {}
+                Granted::No(Some(limit)) if held_now < limit => {}
+                Granted::No(_) => return,
             }
         }
     }
 
-    /// Turns the oldest WAITING place GRANTED and wakes its task; `None` when no place
-    /// waits.
-    fn grant_oldest(&self) -> Option<usize> {
+    /// Turns the best WAITING place that may take slot number `slot` GRANTED and wakes its
+    /// task.
+    fn grant_best(&self, slot: u64) -> Granted {
         loop {
-            let (i, s) = self.oldest_waiting()?;
+            let (i, s, passed) = self.best_waiting(slot);
+            let Some(i) = i else {
+                return Granted::No(passed);
+            };
             let place = &self.places[i];
             let granted = s - WAITING + GRANTED;
             if place
@@ -241,27 +304,33 @@ impl Gate {
                 .is_ok()
             {
                 place.waker.wake();
-                return Some(i);
+                return Granted::Yes;
             }
         }
     }
 
-    /// The WAITING place with the smallest arrival number. A second pass finds any older
-    /// one claimed while the first ran: it was claimed before the one found (its `enter`
-    /// finished first), so it is visible now.
-    fn oldest_waiting(&self) -> Option<(usize, u64)> {
-        let mut best: Option<(usize, u64)> = None;
+    /// The WAITING place served first among those whose class may take slot number
+    /// `slot`, its state, and the lowest class limit of those passed over. A second pass
+    /// finds any better one claimed while the first ran: it was claimed before the one
+    /// found (its `enter` finished first), so it is visible now.
+    fn best_waiting(&self, slot: u64) -> (Option<usize>, u64, Option<u64>) {
+        let (mut best, mut best_state, mut passed) = (None, 0, None::<u64>);
         loop {
-            let mut older = false;
+            let mut better = false;
             for (i, p) in self.places.iter().enumerate() {
                 let s = p.state.load(Ordering::Acquire);
-                if s & 3 == WAITING && best.is_none_or(|(_, b)| before(s >> 2, b >> 2)) {
-                    best = Some((i, s));
-                    older = true;
+                if s & STATUS != WAITING {
+                    continue;
+                }
+                let limit = u64::from(self.class_limits[class_of(s)]);
+                if slot >= limit {
+                    passed = Some(passed.map_or(limit, |p| p.min(limit)));
+                } else if best.is_none() || served_before(s, best_state) {
+                    (best, best_state, better) = (Some(i), s, true);
                 }
             }
-            if !older {
-                return best;
+            if !better {
+                return (best, best_state, passed);
             }
         }
     }
@@ -279,13 +348,15 @@ impl Gate {
         self.rejected.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// (in flight, waiting), for gauges. Slots free or reserved while someone waits are
-    /// that waiter's already (it is being granted), so in flight ≤ N and waiting ≤ Q at
-    /// every instant.
+    /// (in flight, waiting), for gauges. A slot reserved for a waiter (being granted) is
+    /// counted as in flight, so in flight ≤ N at every instant. Waiting ≤ Q holds when
+    /// every class may fill all N; waiters held back by their class's share wait beside
+    /// free slots, so then up to N + Q minus those in flight may wait.
     pub fn occupancy(&self) -> (u64, u64) {
         let (l, r, g) = counts(self.word.load(Ordering::Acquire));
         let admitted = r + l - g;
-        let running = admitted.min(u64::from(self.limit));
+        // A slot reserved for a waiter counts as its own: running, no longer waiting.
+        let running = if g <= l { r.min(admitted) } else { admitted };
         (running, admitted - running)
     }
 

@@ -26,7 +26,27 @@ pub struct FileConfig {
     pub drain_timeout_ms: Option<u64>,
     pub admin_token: Option<Spanned<String>>,
     #[serde(default)]
+    pub classes: FileClasses,
+    #[serde(default)]
     pub models: Vec<FileModel>,
+}
+
+/// `[classes]`: where a request's class comes from, and what each class may use.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileClasses {
+    pub header: Option<Spanned<String>>,
+    pub default: Option<Spanned<String>>,
+    pub critical: Option<FileClass>,
+    pub standard: Option<FileClass>,
+    pub sheddable: Option<FileClass>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileClass {
+    pub busy_threshold_scale: Option<Spanned<f64>>,
+    pub slot_share: Option<Spanned<f64>>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -56,6 +76,8 @@ pub struct FileModel {
     pub active_prefill_tokens_threshold: Option<u64>,
     pub active_prefill_tokens_threshold_frac: Option<Spanned<f64>>,
     pub track_output_blocks: Option<bool>,
+    /// The class of this model's requests that name none.
+    pub class: Option<Spanned<String>>,
     #[serde(default)]
     pub workers: Vec<FileWorker>,
 }

@@ -4,6 +4,7 @@
 //! pure: host names stay names ([`addr::HostPort`]) until the runtime resolves them.
 
 pub mod addr;
+mod classes;
 pub mod file;
 mod validate;
 mod workers;
@@ -14,8 +15,9 @@ use serde::Serialize;
 
 use crate::http::Limits;
 use crate::route::RouterMode;
-use crate::shed::Thresholds;
+use crate::shed::{Class, Thresholds};
 pub use addr::{Addrs, HostPort, WorkerAddrs, parse_http_url};
+pub use classes::{ClassSettings, Classes, DEFAULT_CLASS_HEADER};
 use file::FileConfig;
 
 /// The documented example (tuning/spillway.toml), kept valid by the tests.
@@ -124,6 +126,7 @@ pub struct Config {
     #[serde(skip_serializing)]
     pub admin_token: Option<String>,
     pub limits: Limits,
+    pub classes: Classes,
     pub models: Vec<ModelConfig>,
     /// Every distinct worker, by name; models refer to them by index.
     pub workers: Vec<WorkerConfig>,
@@ -135,6 +138,8 @@ pub struct ModelConfig {
     pub router_mode: RouterMode,
     pub thresholds: Thresholds,
     pub track_output_blocks: bool,
+    /// The class of this model's requests that name none (`classes.default` if unset).
+    pub class: Option<Class>,
     /// Indices into [`Config::workers`].
     pub workers: Vec<usize>,
 }

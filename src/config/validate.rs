@@ -101,6 +101,7 @@ impl<'a> Validator<'a> {
             drain_timeout_ms: f.drain_timeout_ms.unwrap_or(DEFAULT_DRAIN_TIMEOUT_MS),
             admin_token: self.admin_token(&f, o)?,
             limits: self.limits(&f.limits)?,
+            classes: self.classes(&f.classes)?,
             models,
             workers,
         })

@@ -85,6 +85,10 @@ impl Validator<'_> {
                 .track_output_blocks
                 .or(o.track_output_blocks)
                 .unwrap_or(false),
+            class: match &m.class {
+                Some(c) => Some(self.class(&key("class"), c)?),
+                None => None,
+            },
             workers: members,
         })
     }

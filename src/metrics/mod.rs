@@ -12,7 +12,7 @@ use prometheus::proto::LabelPair;
 use crate::monitor::Control;
 use crate::route::Endpoint;
 use crate::runtime::clock;
-use crate::shed::Knob;
+use crate::shed::{Class, Knob};
 use crate::state::counters::{
     DURATION_BUCKETS, ITL_BUCKETS, MigrationReason, Outcome, RequestType, TTFT_BUCKETS,
 };
@@ -101,8 +101,13 @@ fn requests(f: &mut Families, snap: &Snapshot) {
     );
     f.counter(
         "spillway_refusals_total",
-        "Requests refused, by the knob that refused them (the answer's `knob` field)",
+        "Requests refused, by the knob that refused them and the request's class (the answer's `knob` and `class` fields)",
         refusals(snap),
+    );
+    f.counter(
+        "spillway_class_requests_total",
+        "Requests routed, by request class",
+        classes(snap),
     );
     f.counter(
         "spillway_migrations_total",
@@ -116,14 +121,33 @@ fn requests(f: &mut Families, snap: &Snapshot) {
     );
 }
 
-/// Refusals per model and knob.
+/// Refusals per model, knob and class.
 fn refusals(snap: &Snapshot) -> Series {
     let mut out = Vec::new();
     for model in snap.models.iter() {
-        for knob in Knob::ALL {
-            let n = model.metrics.refusals(knob);
+        for (knob, class) in Knob::ALL.iter().flat_map(|k| Class::ALL.map(|c| (*k, c))) {
+            let n = model.metrics.refusals(knob, class);
             if n > 0 {
-                let l = [("model", &*model.name), ("knob", knob.label())];
+                let l = [
+                    ("model", &*model.name),
+                    ("knob", knob.label()),
+                    ("class", class.label()),
+                ];
+                out.push((labels(&l), n as f64));
+            }
+        }
+    }
+    out
+}
+
+/// Requests routed per model and class (classes with none are left out).
+fn classes(snap: &Snapshot) -> Series {
+    let mut out = Vec::new();
+    for model in snap.models.iter() {
+        for class in Class::ALL {
+            let n = model.metrics.requests_of_class(class);
+            if n > 0 {
+                let l = [("model", &*model.name), ("class", class.label())];
                 out.push((labels(&l), n as f64));
             }
         }

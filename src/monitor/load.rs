@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use serde::Deserialize;
 
 use crate::config::WorkerConfig;
-use crate::shed::{RankLoad, Thresholds, Why, rank_why};
+use crate::shed::{Class, RankLoad, Thresholds, Why, rank_why};
 use crate::state::{BusySet, Snapshot};
 
 /// A value and when it was observed (monotonic ms).
@@ -262,17 +262,17 @@ impl LoadTable {
     }
 }
 
-/// Decode latches, per member id and rank.
+/// Decode latches, per request class, member id and rank.
 #[derive(Debug, Default)]
-pub struct Latches(Vec<Vec<bool>>);
+pub struct Latches([Vec<Vec<bool>>; 3]);
 
 impl Latches {
-    fn get(&mut self, member: u32, rank: usize) -> &mut bool {
-        let m = member as usize;
-        if self.0.len() <= m {
-            self.0.resize_with(m + 1, Vec::new);
+    fn get(&mut self, class: Class, member: u32, rank: usize) -> &mut bool {
+        let (m, members) = (member as usize, &mut self.0[class.index()]);
+        if members.len() <= m {
+            members.resize_with(m + 1, Vec::new);
         }
-        let ranks = &mut self.0[m];
+        let ranks = &mut members[m];
         if ranks.len() <= rank {
             ranks.resize(rank + 1, false);
         }
@@ -280,7 +280,8 @@ impl Latches {
     }
 }
 
-/// Evaluates every model's members into `out` (cleared first; reuses its storage).
+/// Evaluates every model's members into `out` (cleared first; reuses its storage), for
+/// each request class with the model's thresholds scaled as that class sees them.
 pub fn evaluate(
     snap: &Snapshot,
     table: &LoadTable,
@@ -292,30 +293,37 @@ pub fn evaluate(
 ) {
     out.clear();
     let empty = WorkerLoad::default();
+    let classes = &snap.config.classes;
     for model in snap.models.iter() {
         let t = thresholds.get(&*model.name).copied().unwrap_or_default();
         if t.any() {
             out.set_enabled(model.id);
         }
+        let by_class = Class::ALL.map(|c| t.scaled(classes.get(c).busy_threshold_scale));
         for member in model.members.iter() {
             let w = &snap.workers[member.worker as usize];
             let load = table.workers.get(&w.state.slot).unwrap_or(&empty);
             let ranks = load.dp_size(&w.cfg);
             let mut permille = 0u16;
             // Busy when every rank is: the least busy rank says why.
-            let mut why: Option<Why> = None;
-            let mut busy = ranks > 0;
+            let mut why: [Option<Why>; 3] = [None; 3];
+            let mut busy = [ranks > 0; 3];
             for r in 0..ranks {
                 let l = load.effective(r, &w.cfg, now, staleness);
                 permille = permille.max(load_permille(&l));
-                match rank_why(&t, &l, latches.get(member.id, r)) {
-                    None => busy = false,
-                    Some(y) if why.is_none_or(|w| y.excess() < w.excess()) => why = Some(y),
-                    Some(_) => {}
+                for c in Class::ALL {
+                    let (i, latch) = (c.index(), latches.get(c, member.id, r));
+                    match rank_why(&by_class[i], &l, latch) {
+                        None => busy[i] = false,
+                        Some(y) if why[i].is_none_or(|w| y.excess() < w.excess()) => {
+                            why[i] = Some(y)
+                        }
+                        Some(_) => {}
+                    }
                 }
             }
-            if busy {
-                out.set_busy(member.id, why);
+            for c in Class::ALL.into_iter().filter(|c| busy[c.index()]) {
+                out.set_busy(c, member.id, why[c.index()]);
             }
             out.set_load(member.id, permille);
         }
@@ -389,10 +397,10 @@ mod tests {
         let b = busy_after(&s, &t, 100);
         let member_a = s.models[0].members[0].id;
         assert!(b.enabled(s.models[0].id));
-        assert!(b.is_busy(member_a));
+        assert!(b.is_busy(Class::Standard, member_a));
         assert_eq!(b.load(member_a), 600);
         // 1000 ms later the value is stale: unknown, so not busy.
-        assert!(!busy_after(&s, &t, 1100).is_busy(member_a));
+        assert!(!busy_after(&s, &t, 1100).is_busy(Class::Standard, member_a));
     }
 
     #[test]
@@ -430,14 +438,14 @@ mod tests {
             0,
         )
         .unwrap();
-        assert!(!busy_after(&s, &t, 0).is_busy(member_a));
+        assert!(!busy_after(&s, &t, 0).is_busy(Class::Standard, member_a));
         t.push(
             &s,
             &ev(r#"{"worker_id":"a","dp_rank":1,"kv_used_blocks":51}"#),
             0,
         )
         .unwrap();
-        assert!(busy_after(&s, &t, 0).is_busy(member_a));
+        assert!(busy_after(&s, &t, 0).is_busy(Class::Standard, member_a));
     }
 
     #[test]
@@ -470,6 +478,6 @@ mod tests {
             0,
         )
         .unwrap();
-        assert!(!busy_after(&s, &t, 0).is_busy(s.models[0].members[0].id));
+        assert!(!busy_after(&s, &t, 0).is_busy(Class::Standard, s.models[0].members[0].id));
     }
 }

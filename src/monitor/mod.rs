@@ -130,13 +130,13 @@ impl Monitor {
         true
     }
 
-    /// Busy members of a model in the published set.
+    /// Busy members of a model in the published set (for the model's default class).
     pub fn busy_workers(&self, snap: &Snapshot, model: &str) -> usize {
         snap.models
             .iter()
             .filter(|m| &*m.name == model)
-            .flat_map(|m| m.members.iter())
-            .filter(|m| self.published.is_busy(m.id))
+            .flat_map(|m| m.members.iter().map(|mm| (m.class, mm)))
+            .filter(|&(class, mm)| self.published.is_busy(class, mm.id))
             .count()
     }
 

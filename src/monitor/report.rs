@@ -52,7 +52,7 @@ impl Monitor {
             .filter(|m| {
                 m.members.iter().any(|mm| {
                     snap.workers[mm.worker as usize].state.slot == w.state.slot
-                        && published.is_busy(mm.id)
+                        && published.is_busy(m.class, mm.id)
                 })
             })
             .map(|m| m.name.to_string())

@@ -10,19 +10,20 @@ use super::watch::{Interrupt, Reader, watched};
 use crate::admission::Ticket;
 use crate::runtime::clock;
 use crate::runtime::reader::ReadDone;
-use crate::shed::{Knob, Why};
+use crate::shed::{Class, Knob, Why};
 use crate::state::Worker;
 
 /// A ticket holding an engine slot of `worker` (`None`: the worker has no cap). The ticket
 /// gives the slot back when dropped.
 pub(super) async fn admit<'w, F: Future<Output = ReadDone>>(
     worker: &'w Worker,
+    class: Class,
     reader: &mut Reader<'_, F>,
 ) -> Result<Option<Ticket<'w>>, AttemptError> {
     let Some(gate) = worker.gate.as_deref() else {
         return Ok(None);
     };
-    let Some(ticket) = gate.enter() else {
+    let Some(ticket) = gate.enter(class) else {
         let admitted = f64::from(gate.limit() + gate.queue_limit());
         let full = Why {
             knob: Knob::QueueFull,

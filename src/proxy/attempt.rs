@@ -35,7 +35,7 @@ pub(super) async fn attempt<F: Future<Output = ReadDone>>(
     worker: &Worker,
 ) -> Result<Done, AttemptError> {
     let limits = &req.snap.config.limits;
-    let ticket = admit(worker, &mut c.reader).await?;
+    let ticket = admit(worker, req.class, &mut c.reader).await?;
     let mut stream = connect_and_send(ctx, worker, &mut c.io.out, limits).await?;
     let block_size = worker.cfg.block_size;
     let mut tracked = Tracked::start(&worker.state, ctx.id, req.prompt_tokens, block_size);

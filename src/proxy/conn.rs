@@ -22,6 +22,7 @@ use super::watch::Reader;
 use crate::http::limits::{INITIAL_READ_BUF, MAX_REQUEST_ID_LEN, RESPONSE_READ_BUF};
 use crate::http::request::RequestHead;
 use crate::runtime::reader::{ClientReader, ReadDone, read_more};
+use crate::shed::Class;
 use crate::state::counters::add;
 
 /// Serves one accepted connection until it closes.
@@ -40,6 +41,7 @@ pub(super) async fn serve(ctx: Rc<CoreCtx>, stream: TcpStream, peer: SocketAddr)
         head: RequestHead::default(),
         peer: PeerIp::new(peer),
         request_id: RequestId::default(),
+        class: Class::default(),
         scratch: Vec::new(),
     };
     let reader = std::pin::pin!(ClientReader::new(
@@ -59,6 +61,8 @@ pub(super) struct Conn {
     pub head: RequestHead,
     pub peer: PeerIp,
     pub request_id: RequestId,
+    /// The current request's class, once its model is known.
+    pub class: Class,
     /// Decoded escaped model names.
     pub scratch: Vec<u8>,
 }
@@ -67,6 +71,7 @@ impl Conn {
     async fn run<F: Future<Output = ReadDone>>(&mut self, mut reader: Reader<'_, F>) {
         loop {
             self.snap = self.ctx.snapshot();
+            self.class = self.snap.config.classes.default;
             match self.read_head(reader.as_mut()).await {
                 HeadRead::Ready => {}
                 HeadRead::Closed => return,
@@ -106,6 +111,7 @@ impl Conn {
         out.clear();
         e.write(
             &self.snap,
+            self.class,
             out,
             self.request_id.get(),
             keep_alive,

@@ -14,7 +14,7 @@ use crate::http::HttpError;
 use crate::http::canned::{ErrorAnswer, Field, messages, write_error};
 use crate::http::limits::MAX_REQUEST_ID_LEN;
 use crate::route::peek::PeekError;
-use crate::shed::{Knob, Why};
+use crate::shed::{Class, Knob, Why};
 use crate::state::Snapshot;
 use crate::state::counters::{MigrationReason, Outcome};
 
@@ -162,10 +162,12 @@ impl RequestError {
         matches!(self, RequestError::Framing(_))
     }
 
-    /// Appends the whole response to `out`. HEAD requests get no body.
+    /// Appends the whole response to `out`. HEAD requests get no body. A refusal's body
+    /// names the request's `class`.
     pub fn write(
         &self,
         snap: &Snapshot,
+        class: Class,
         out: &mut Vec<u8>,
         request_id: &[u8],
         keep_alive: bool,
@@ -176,7 +178,7 @@ impl RequestError {
             NotFound => &snap.responses.not_found,
             UnknownModel => &snap.responses.model_not_found,
             _ if self.retry_safe() => {
-                return self.write_refusal(snap, out, request_id, keep_alive, with_body);
+                return self.write_refusal(snap, class, out, request_id, keep_alive, with_body);
             }
             _ => {
                 let allow = match self {
@@ -193,11 +195,12 @@ impl RequestError {
         canned.write(out, request_id, keep_alive, with_body);
     }
 
-    /// A refusal: Dynamo's body plus `knob`, `value`, `threshold` and `setting`, with
-    /// `Retry-After`.
+    /// A refusal: Dynamo's body plus `knob`, `value`, `threshold`, `setting` and `class`,
+    /// with `Retry-After`.
     fn write_refusal(
         &self,
         snap: &Snapshot,
+        class: Class,
         out: &mut Vec<u8>,
         request_id: &[u8],
         keep_alive: bool,
@@ -210,7 +213,7 @@ impl RequestError {
             _ => "Overloaded",
         };
         let knob = self.knob().unwrap_or(Knob::QueueFull);
-        let mut fields = [("knob", Field::Str(knob.label())); 4];
+        let mut fields = [("knob", Field::Str(knob.label())); 5];
         let mut n = 1;
         if let Some(why) = self.why() {
             fields[1] = ("value", Field::Num(why.value));
@@ -218,6 +221,8 @@ impl RequestError {
             n = 3;
         }
         fields[n] = ("setting", Field::Str(knob.setting()));
+        n += 1;
+        fields[n] = ("class", Field::Str(class.label()));
         let mut retry = itoa::Buffer::new();
         let headers = [("retry-after", retry.format(config.retry_after_secs))];
         let message = self.message();

@@ -54,6 +54,7 @@ pub(super) async fn forward<F: Future<Output = ReadDone>>(
     req: &Outbound<'_>,
 ) -> Forwarded {
     let cells = &req.model.metrics.cores[ctx.id];
+    cells.classed(req.class);
     let inflight = Inflight::start(cells);
     let result = exchange(ctx, c, req).await;
     drop(inflight);
@@ -66,7 +67,7 @@ pub(super) async fn forward<F: Future<Output = ReadDone>>(
                 cells.rejected(req.endpoint);
             }
             if let Some(knob) = e.knob() {
-                cells.refused(knob);
+                cells.refused(knob, req.class);
                 log_refusal(ctx, req, &e, knob, c.request_id);
             }
             e.outcome()
@@ -90,6 +91,7 @@ fn log_refusal(ctx: &CoreCtx, req: &Outbound<'_>, e: &RequestError, knob: Knob, 
     tracing::warn!(
         model = %req.model.name,
         knob = knob.label(),
+        class = req.class.label(),
         value = why.map(|w| w.value),
         threshold = why.map(|w| w.threshold),
         setting = knob.setting(),

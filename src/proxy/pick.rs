@@ -6,7 +6,7 @@ use super::core::CoreCtx;
 use super::error::{Refusal, RequestError};
 use super::request::Outbound;
 use crate::route::{self, DirectRefusal, MemberState, Pick, RouterMode};
-use crate::shed::Why;
+use crate::shed::{Class, Why};
 use crate::state::{BusySet, Model};
 
 /// Members this request must not use again: `failed` (connect failures, like down) and
@@ -40,7 +40,7 @@ pub(super) fn pick(
     ex: Excluded,
     now: u64,
 ) -> Result<usize, RequestError> {
-    let (model, snap) = (req.model, req.snap);
+    let (model, snap, class) = (req.model, req.snap, req.class);
     let mut cache = ctx.busy.borrow_mut();
     let busy = cache.load();
     let shed = busy.enabled(model.id);
@@ -49,7 +49,9 @@ pub(super) fn pick(
         let w = &snap.workers[m.worker as usize].state;
         MemberState {
             unreachable: w.is_down(now) || ex.failed & bit(i) != 0,
-            busy: (shed && busy.is_busy(m.id)) || w.is_overloaded(now) || ex.refused & bit(i) != 0,
+            busy: (shed && busy.is_busy(class, m.id))
+                || w.is_overloaded(now)
+                || ex.refused & bit(i) != 0,
             inflight: w.inflight_on(ctx.id),
             load: busy.load(m.id),
         }
@@ -65,7 +67,9 @@ pub(super) fn pick(
         return route::pick_direct(worker_id, n, name, state).map_err(|r| match r {
             DirectRefusal::MissingHeader => RequestError::DirectMissingHeader,
             DirectRefusal::UnknownWorker => RequestError::DirectUnknownWorker,
-            DirectRefusal::Busy(i) => RequestError::DirectBusy(busy.why(model.members[i].id)),
+            DirectRefusal::Busy(i) => {
+                RequestError::DirectBusy(busy.why(class, model.members[i].id))
+            }
             DirectRefusal::Unreachable => RequestError::Unavailable,
         });
     }
@@ -82,20 +86,21 @@ pub(super) fn pick(
         Pick::Member(i) => Ok(i),
         // Nothing busy by the published set: what excluded the rest were worker-local
         // refusals (this request's, or marks since the last publish). Say so.
-        Pick::Overloaded if !(shed && model.members.iter().any(|m| busy.is_busy(m.id))) => {
+        Pick::Overloaded if !(shed && model.members.iter().any(|m| busy.is_busy(class, m.id))) => {
             Err(RequestError::WorkerOverloaded(Refusal::AtCapacity, None))
         }
         // Every worker busy by the published set: the least busy one says why.
-        Pick::Overloaded => Err(RequestError::Overloaded(least_busy(model, busy))),
+        Pick::Overloaded => Err(RequestError::Overloaded(least_busy(model, busy, class))),
         Pick::Unavailable => Err(RequestError::Unavailable),
     }
 }
 
-/// Why the least busy busy member of `model` is busy (the one closest to its threshold).
-fn least_busy(model: &Model, busy: &BusySet) -> Option<Why> {
+/// Why the least busy busy member of `model` is busy for `class` (the one closest to its
+/// threshold).
+fn least_busy(model: &Model, busy: &BusySet, class: Class) -> Option<Why> {
     model
         .members
         .iter()
-        .filter_map(|m| busy.why(m.id))
+        .filter_map(|m| busy.why(class, m.id))
         .min_by(|a, b| a.excess().total_cmp(&b.excess()))
 }

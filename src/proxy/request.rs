@@ -18,6 +18,7 @@ use crate::route::Endpoint;
 use crate::route::peek::peek;
 use crate::runtime::clock;
 use crate::runtime::reader::ReadDone;
+use crate::shed::Class;
 use crate::state::counters::{RequestType, add};
 use crate::state::{Model, Snapshot};
 
@@ -28,6 +29,7 @@ pub(super) struct Outbound<'a> {
     pub model: &'a Model,
     pub endpoint: Endpoint,
     pub request_type: RequestType,
+    pub class: Class,
     pub prompt_tokens: u64,
     /// The de-chunked body within the client buffer.
     pub body: Range<usize>,
@@ -89,11 +91,18 @@ impl Conn {
                 return self.answer(e, keep, true).await;
             }
         };
+        // The header's class if it names one, else the model's (an unknown value is no error).
+        let header = self
+            .head
+            .headers
+            .find(reader.buf(), &snap.config.classes.header);
+        self.class = header.and_then(Class::parse).unwrap_or(model.class);
         let req = Outbound {
             snap: &snap,
             model,
             endpoint,
             request_type,
+            class: self.class,
             prompt_tokens,
             body: body.range,
             request_end: body.request_end,

@@ -1,7 +1,11 @@
 //! The busy rule (semantics §3) as pure code: thresholds, per-rank checks with the decode
 //! latch, and the all-ranks aggregation. No I/O, no clock: the monitor feeds it values.
 
+mod class;
+
 use serde::{Deserialize, Serialize};
+
+pub use class::Class;
 
 /// A model's busy thresholds; each unset by default, each enabling only its own check.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]

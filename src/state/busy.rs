@@ -1,8 +1,9 @@
 //! The busy set: what the monitor publishes to every core (per model: shedding enabled;
-//! per member: busy and why, and a load figure for least-loaded). Immutable once
-//! published; each core reads its replica with one atomic load.
+//! per member and request class: busy and why; per member a load figure for
+//! least-loaded). Immutable once published; each core reads its replica with one atomic
+//! load.
 
-use crate::shed::Why;
+use crate::shed::{Class, Why};
 
 /// The busy set as published: immutable, one per publish, read lock-free by the cores.
 #[derive(Debug, Default, Clone)]
@@ -10,12 +11,13 @@ pub struct BusySet {
     pub generation: u64,
     /// Bit per model id: a threshold is configured, so busy members are excluded.
     enabled: Vec<u64>,
-    /// Bit per member id: the (model, worker) pair is busy.
-    busy: Vec<u64>,
+    /// Per class, bit per member id: the (model, worker) pair is busy for that class.
+    busy: [Vec<u64>; 3],
     /// Per member id: load in permille of the fullest known signal (least-loaded ties).
     load: Vec<u16>,
-    /// Per member id, for busy members: which threshold made it busy, and by how much.
-    why: Vec<Option<Why>>,
+    /// Per class and member id, for busy members: which threshold made it busy, and by
+    /// how much.
+    why: [Vec<Option<Why>>; 3],
 }
 
 impl PartialEq for BusySet {
@@ -28,9 +30,11 @@ impl PartialEq for BusySet {
         let loads = |v: &[u16]| v.iter().rposition(|l| *l != 0).map_or(0, |i| i + 1);
         let whys = |v: &[Option<Why>]| v.iter().rposition(Option::is_some).map_or(0, |i| i + 1);
         trimmed(&self.enabled) == trimmed(&other.enabled)
-            && trimmed(&self.busy) == trimmed(&other.busy)
+            && (0..3).all(|c| {
+                let (a, b) = (&self.why[c], &other.why[c]);
+                trimmed(&self.busy[c]) == trimmed(&other.busy[c]) && a[..whys(a)] == b[..whys(b)]
+            })
             && self.load[..loads(&self.load)] == other.load[..loads(&other.load)]
-            && self.why[..whys(&self.why)] == other.why[..whys(&other.why)]
     }
 }
 
@@ -54,9 +58,10 @@ impl BusySet {
         bit(&self.enabled, model_id)
     }
 
+    /// Whether the member is busy for requests of `class`.
     #[inline]
-    pub fn is_busy(&self, member_id: u32) -> bool {
-        bit(&self.busy, member_id)
+    pub fn is_busy(&self, class: Class, member_id: u32) -> bool {
+        bit(&self.busy[class.index()], member_id)
     }
 
     #[inline]
@@ -68,19 +73,22 @@ impl BusySet {
         set_bit(&mut self.enabled, model_id);
     }
 
-    /// Why a busy member is busy (`None` for members that are not).
+    /// Why a busy member is busy for `class` (`None` for members that are not).
     #[inline]
-    pub fn why(&self, member_id: u32) -> Option<Why> {
-        self.why.get(member_id as usize).copied().flatten()
+    pub fn why(&self, class: Class, member_id: u32) -> Option<Why> {
+        self.why[class.index()]
+            .get(member_id as usize)
+            .copied()
+            .flatten()
     }
 
-    pub fn set_busy(&mut self, member_id: u32, why: Option<Why>) {
-        set_bit(&mut self.busy, member_id);
-        let i = member_id as usize;
-        if self.why.len() <= i {
-            self.why.resize(i + 1, None);
+    pub fn set_busy(&mut self, class: Class, member_id: u32, why: Option<Why>) {
+        set_bit(&mut self.busy[class.index()], member_id);
+        let (i, whys) = (member_id as usize, &mut self.why[class.index()]);
+        if whys.len() <= i {
+            whys.resize(i + 1, None);
         }
-        self.why[i] = why;
+        whys[i] = why;
     }
 
     pub fn set_load(&mut self, member_id: u32, permille: u16) {
@@ -94,8 +102,8 @@ impl BusySet {
     /// Empties the set, keeping its storage.
     pub fn clear(&mut self) {
         self.enabled.iter_mut().for_each(|w| *w = 0);
-        self.busy.iter_mut().for_each(|w| *w = 0);
+        self.busy.iter_mut().flatten().for_each(|w| *w = 0);
         self.load.iter_mut().for_each(|l| *l = 0);
-        self.why.iter_mut().for_each(|w| *w = None);
+        self.why.iter_mut().flatten().for_each(|w| *w = None);
     }
 }

@@ -8,9 +8,10 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use crossbeam_utils::CachePadded;
 
 use crate::route::Endpoint;
-use crate::shed::Knob;
+use crate::shed::{Class, Knob};
 
 const KNOBS: usize = Knob::ALL.len();
+const CLASSES: usize = Class::ALL.len();
 
 /// Adds to a counter that only the calling core writes.
 #[inline]
@@ -190,7 +191,10 @@ pub struct ModelCore {
     pub itl: Histogram<13>,
     pub duration: Histogram<10>,
     migrations: [AtomicU64; 4],
-    refusals: [AtomicU64; KNOBS],
+    /// By knob, then class.
+    refusals: [AtomicU64; KNOBS * CLASSES],
+    /// Requests routed, by class.
+    classes: [AtomicU64; CLASSES],
 }
 
 impl Default for ModelCore {
@@ -204,6 +208,7 @@ impl Default for ModelCore {
             duration: Histogram::default(),
             migrations: std::array::from_fn(|_| AtomicU64::new(0)),
             refusals: std::array::from_fn(|_| AtomicU64::new(0)),
+            classes: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
@@ -231,8 +236,14 @@ impl ModelCore {
 
     /// A request refused by `knob` (the client got the overload status or 503).
     #[inline]
-    pub fn refused(&self, knob: Knob) {
-        add(&self.refusals[knob.index()], 1);
+    pub fn refused(&self, knob: Knob, class: Class) {
+        add(&self.refusals[knob.index() * CLASSES + class.index()], 1);
+    }
+
+    /// A request of `class` is being routed.
+    #[inline]
+    pub fn classed(&self, class: Class) {
+        add(&self.classes[class.index()], 1);
     }
 }
 
@@ -273,10 +284,18 @@ impl ModelMetrics {
             .sum()
     }
 
-    pub fn refusals(&self, knob: Knob) -> u64 {
+    pub fn refusals(&self, knob: Knob, class: Class) -> u64 {
+        let cell = knob.index() * CLASSES + class.index();
         self.cores
             .iter()
-            .map(|c| c.refusals[knob.index()].load(Relaxed))
+            .map(|c| c.refusals[cell].load(Relaxed))
+            .sum()
+    }
+
+    pub fn requests_of_class(&self, class: Class) -> u64 {
+        self.cores
+            .iter()
+            .map(|c| c.classes[class.index()].load(Relaxed))
             .sum()
     }
 

@@ -10,8 +10,9 @@ use std::sync::Arc;
 use super::counters::ModelMetrics;
 use super::snapshot::{Member, Model, Responses, Snapshot, Worker};
 use super::worker::WorkerState;
-use crate::admission::Gate;
-use crate::config::{Addrs, Config, ModelConfig, WorkerConfig};
+use crate::admission::{Gate, class_slots};
+use crate::config::{Addrs, Classes, Config, ModelConfig, WorkerConfig};
+use crate::shed::Class;
 
 /// A worker's identity across generations: its name and URL.
 type WorkerKey = (String, String);
@@ -24,7 +25,7 @@ pub struct Registry {
     created: u64,
     next_slot: u32,
     workers: HashMap<WorkerKey, Arc<WorkerState>>,
-    gates: HashMap<WorkerKey, (u32, u32, Arc<Gate>)>,
+    gates: HashMap<WorkerKey, (u32, u32, [u32; 3], Arc<Gate>)>,
     model_ids: HashMap<String, u32>,
     model_metrics: HashMap<String, Arc<ModelMetrics>>,
     member_ids: HashMap<(String, String), u32>,
@@ -73,7 +74,7 @@ impl Registry {
                 addr: a.addr,
                 metrics_addr: a.metrics,
                 state: self.worker_state(w),
-                gate: self.gate(w),
+                gate: self.gate(w, &config.classes),
             })
             .collect();
         let models: Box<[Model]> = config
@@ -112,20 +113,21 @@ impl Registry {
         s
     }
 
-    /// A gate survives a reload while its limits do; new limits start a new gate
-    /// (requests admitted by the old one finish under it).
-    fn gate(&mut self, w: &WorkerConfig) -> Option<Arc<Gate>> {
+    /// A gate survives a reload while its limits do (N, Q and each class's slots); new
+    /// limits start a new gate (requests admitted by the old one finish under it).
+    fn gate(&mut self, w: &WorkerConfig, classes: &Classes) -> Option<Arc<Gate>> {
         let key = (w.name.clone(), w.url.clone());
         let Some(n) = w.engine_request_limit else {
             self.gates.remove(&key);
             return None;
         };
         let q = w.request_queue_limit;
+        let shares = Class::ALL.map(|c| class_slots(n, classes.get(c).slot_share));
         match self.gates.get(&key) {
-            Some((gn, gq, g)) if (*gn, *gq) == (n, q) => Some(g.clone()),
+            Some((gn, gq, gs, g)) if (*gn, *gq, *gs) == (n, q, shares) => Some(g.clone()),
             _ => {
-                let g = Arc::new(Gate::new(n, q));
-                self.gates.insert(key, (n, q, g.clone()));
+                let g = Arc::new(Gate::with_class_limits(n, q, shares));
+                self.gates.insert(key, (n, q, shares, g.clone()));
                 Some(g)
             }
         }
@@ -168,6 +170,7 @@ impl Registry {
         Model {
             name: m.name.as_str().into(),
             id,
+            class: m.class.unwrap_or(config.classes.default),
             router_mode: m.router_mode,
             track_output_blocks: m.track_output_blocks,
             members,

@@ -12,6 +12,7 @@ use crate::admission::Gate;
 use crate::config::{Config, WorkerConfig};
 use crate::http::canned::{Canned, messages};
 use crate::route::RouterMode;
+use crate::shed::Class;
 
 /// Immutable runtime view of one config generation.
 #[derive(Debug)]
@@ -44,6 +45,8 @@ pub struct Model {
     pub name: Box<str>,
     /// Stable across reloads while the model exists.
     pub id: u32,
+    /// The class of its requests that name none.
+    pub class: Class,
     pub router_mode: RouterMode,
     pub track_output_blocks: bool,
     pub members: Box<[Member]>,

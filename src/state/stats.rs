@@ -54,7 +54,7 @@ impl Shared {
                 snap.models.iter().any(|m| {
                     m.members
                         .iter()
-                        .any(|mm| mm.worker == wi && busy.is_busy(mm.id))
+                        .any(|mm| mm.worker == wi && busy.is_busy(m.class, mm.id))
                 })
             })
             .count();

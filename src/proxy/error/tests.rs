@@ -51,8 +51,12 @@ fn snapshot() -> Snapshot {
 }
 
 fn render(e: RequestError) -> String {
+    render_as(e, Class::Standard)
+}
+
+fn render_as(e: RequestError, class: Class) -> String {
     let mut out = Vec::new();
-    e.write(&snapshot(), &mut out, b"r", true, true);
+    e.write(&snapshot(), class, &mut out, b"r", true, true);
     String::from_utf8(out).unwrap()
 }
 
@@ -91,7 +95,7 @@ fn refusals_say_which_knob_the_value_and_the_setting() {
         serde_json::json!({
             "message": "Service temporarily overloaded", "type": "Overloaded", "code": 529,
             "knob": "decode_blocks", "value": 0.9, "threshold": 0.85,
-            "setting": "active_decode_blocks_threshold"
+            "setting": "active_decode_blocks_threshold", "class": "standard"
         })
     );
     let full = Why {
@@ -108,8 +112,9 @@ fn refusals_say_which_knob_the_value_and_the_setting() {
         (v["knob"].as_str(), v["value"].as_u64()),
         (Some("queue_full"), Some(18))
     );
-    let v = body(&render(RequestError::Unavailable));
+    let v = body(&render_as(RequestError::Unavailable, Class::Sheddable));
     assert_eq!(v["type"], "Service Unavailable");
+    assert_eq!(v["class"], "sheddable");
     assert_eq!(v["knob"], "unreachable");
     assert!(v.get("value").is_none(), "{v}");
     assert!(v["setting"].as_str().is_some_and(|s| !s.is_empty()));
