@@ -14,8 +14,8 @@ use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group};
 use spillway::config::{Config, Overrides};
-use spillway::monitor::Monitor;
 use spillway::monitor::load::{Latches, LoadEvent, LoadTable, evaluate, parse_events};
+use spillway::monitor::{Adaptivity, Monitor};
 use spillway::shed::{RankLoad, Thresholds, rank_busy};
 use spillway::state::{BusySet, Shared, Snapshot};
 use spillway_testkit::alloc::{CountingAlloc, allocations};
@@ -26,7 +26,6 @@ static GLOBAL: CountingAlloc = CountingAlloc;
 const WORKERS: usize = 1000;
 const DP: u32 = 8;
 const RANKS: u64 = WORKERS as u64 * DP as u64;
-const STALENESS_MS: u64 = 5_000;
 const NOW: u64 = 1_000_000;
 
 const ALL_THREE: Thresholds = Thresholds {
@@ -136,9 +135,9 @@ fn monitor(c: &mut Criterion) {
                 &f.snap,
                 &table,
                 &f.thresholds,
+                &Adaptivity::default(),
                 &mut latches,
                 NOW,
-                STALENESS_MS,
                 &mut out,
             );
             black_box(&out);
@@ -229,9 +228,9 @@ fn report_allocations() {
                     &f.snap,
                     &table,
                     &f.thresholds,
+                    &Adaptivity::default(),
                     &mut latches,
                     NOW,
-                    STALENESS_MS,
                     &mut out,
                 );
             }),

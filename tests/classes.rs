@@ -230,3 +230,70 @@ fn class_settings_are_checked() {
         "{err}"
     );
 }
+
+/// The adaptive mode: a worker slower than the TTFT target has its thresholds closed
+/// (down to the bound), until load that passed before now makes it busy.
+#[test]
+fn the_adaptive_mode_closes_the_thresholds_of_a_slow_worker() {
+    let up = upstream(|_| {
+        std::thread::sleep(Duration::from_millis(60));
+        Reply::Raw(json_response(200, "{}"))
+    });
+    let toml = format!(
+        "[[models]]\nname = \"m\"\nactive_prefill_tokens_threshold = 1000\n\
+         adaptive_ttft_ms = 20\nadaptive_min_scale = 0.25\n\
+         [[models.workers]]\nurl = \"{}\"\nname = \"w\"\n",
+        up.url()
+    );
+    let p = proxy(1, &toml);
+    let scale = || {
+        gauge(
+            &p,
+            "spillway_adaptive_threshold_scale{model=\"m\",worker=\"w\"}",
+        )
+    };
+    assert_eq!(scale(), 1.0);
+    push_prefill(&p, 400);
+    // Windows of 8 first tokens at ~60 ms against 20: the scale halves per window.
+    let mut served = 0;
+    while scale() > 0.25 {
+        assert_eq!(once(p.data_addr, &request(None, "x")).status, 200);
+        served += 1;
+        assert!(
+            served < 200,
+            "the scale never reached its bound: {}",
+            scale()
+        );
+    }
+    push_prefill(&p, 400); // a fresh push republishes with the new scale
+    let r = once(p.data_addr, &request(None, "x"));
+    assert_eq!(r.status, 529, "{}", r.text());
+    assert_eq!(r.json()["threshold"], 250, "{}", r.text());
+}
+
+#[test]
+fn adaptive_settings_are_checked() {
+    let cases: &[(&str, &str)] = &[
+        (
+            "adaptive_ttft_ms = 50\n",
+            "models[0].adaptive_ttft_ms (line 3): the adaptive mode scales the busy thresholds: set at least one",
+        ),
+        (
+            "active_prefill_tokens_threshold = 10\nadaptive_ttft_ms = 0\n",
+            "models[0].adaptive_ttft_ms (line 4): must be greater than 0",
+        ),
+        (
+            "active_prefill_tokens_threshold = 10\nadaptive_ttft_ms = 5\nadaptive_max_scale = 0.5\n",
+            "models[0].adaptive_max_scale (line 5): must be in (0, 1] for the minimum, [1, 64] for the maximum",
+        ),
+    ];
+    for (model, want) in cases {
+        let text = format!(
+            "[[models]]\nname = \"m\"\n{model}[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n"
+        );
+        let err = spillway::Config::parse(&text, &Default::default())
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains(want), "{model:?}: {err}");
+    }
+}

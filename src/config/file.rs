@@ -78,6 +78,9 @@ pub struct FileModel {
     pub track_output_blocks: Option<bool>,
     /// The class of this model's requests that name none.
     pub class: Option<Spanned<String>>,
+    pub adaptive_ttft_ms: Option<Spanned<f64>>,
+    pub adaptive_min_scale: Option<Spanned<f64>>,
+    pub adaptive_max_scale: Option<Spanned<f64>>,
     #[serde(default)]
     pub workers: Vec<FileWorker>,
 }

@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use crate::http::Limits;
 use crate::route::RouterMode;
-use crate::shed::{Class, Thresholds};
+use crate::shed::{Adaptive, Class, Thresholds};
 pub use addr::{Addrs, HostPort, WorkerAddrs, parse_http_url};
 pub use classes::{ClassSettings, Classes, DEFAULT_CLASS_HEADER};
 use file::FileConfig;
@@ -140,6 +140,8 @@ pub struct ModelConfig {
     pub track_output_blocks: bool,
     /// The class of this model's requests that name none (`classes.default` if unset).
     pub class: Option<Class>,
+    /// The adaptive mode: thresholds scaled per worker to hold a TTFT target.
+    pub adaptive: Option<Adaptive>,
     /// Indices into [`Config::workers`].
     pub workers: Vec<usize>,
 }

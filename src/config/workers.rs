@@ -4,11 +4,62 @@
 use super::file::{FileModel, FileWorker};
 use super::validate::Validator;
 use super::*;
+use toml::Spanned;
 
 /// Builds a worker key's path for error messages (`models[0].workers[1].url`).
 type Key<'a> = &'a dyn Fn(&str) -> String;
 
 impl Validator<'_> {
+    /// The adaptive mode's keys: a positive target enables it; it scales thresholds, so
+    /// the model needs one, and the bounds must hold 1.
+    fn adaptive(
+        &self,
+        key: Key<'_>,
+        m: &FileModel,
+        thresholds: &Thresholds,
+    ) -> Result<Option<Adaptive>, ConfigError> {
+        let bound = |k: &str, v: &Option<Spanned<f64>>, default: f64, ok: fn(f64) -> bool| match v {
+            Some(s) if !(s.get_ref().is_finite() && ok(*s.get_ref())) => {
+                let msg = "must be in (0, 1] for the minimum, [1, 64] for the maximum";
+                self.err(key(k), Some(s.span()), msg)
+            }
+            Some(s) => Ok(*s.get_ref()),
+            None => Ok(default),
+        };
+        let min_scale = bound(
+            "adaptive_min_scale",
+            &m.adaptive_min_scale,
+            Adaptive::DEFAULT_MIN_SCALE,
+            |v| v > 0.0 && v <= 1.0,
+        )?;
+        let max_scale = bound(
+            "adaptive_max_scale",
+            &m.adaptive_max_scale,
+            Adaptive::DEFAULT_MAX_SCALE,
+            |v| (1.0..=64.0).contains(&v),
+        )?;
+        let Some(target) = &m.adaptive_ttft_ms else {
+            return Ok(None);
+        };
+        let ttft_ms = *target.get_ref();
+        if !(ttft_ms.is_finite() && ttft_ms > 0.0) {
+            return self.err(
+                key("adaptive_ttft_ms"),
+                Some(target.span()),
+                "must be greater than 0",
+            );
+        }
+        if !thresholds.any() {
+            let msg = "the adaptive mode scales the busy thresholds: set at least one";
+            return self.err(key("adaptive_ttft_ms"), Some(target.span()), msg);
+        }
+        Ok(Some(Adaptive {
+            ttft_ms,
+            min_scale,
+            max_scale,
+        }))
+    }
+
     pub(super) fn models(
         &self,
         file: &[FileModel],
@@ -89,6 +140,7 @@ impl Validator<'_> {
                 Some(c) => Some(self.class(&key("class"), c)?),
                 None => None,
             },
+            adaptive: self.adaptive(&key, m, &thresholds)?,
             workers: members,
         })
     }

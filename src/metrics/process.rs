@@ -81,6 +81,23 @@ fn busy(f: &mut Families, control: &Control, snap: &Snapshot) {
             f64::from(u8::from(monitor.published().enabled(m.id)))
         }),
     );
+    let scales = snap
+        .models
+        .iter()
+        .zip(&snap.config.models)
+        .filter(|(_, cfg)| cfg.adaptive.is_some())
+        .flat_map(|(m, _)| m.members.iter().map(move |mm| (m, mm)))
+        .map(|(m, mm)| {
+            let worker = &snap.workers[mm.worker as usize].cfg.name;
+            let l = labels(&[("model", &m.name), ("worker", worker)]);
+            (l, monitor.adaptivity.scale(mm.id))
+        })
+        .collect::<Vec<_>>();
+    f.gauge(
+        "spillway_adaptive_threshold_scale",
+        "Adaptive mode: the factor on the model's busy thresholds for the worker",
+        scales,
+    );
 }
 
 fn workers(f: &mut Families, snap: &Snapshot, now: u64) {

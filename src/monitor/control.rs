@@ -128,6 +128,7 @@ impl Control {
         let snap = self.shared.snapshot.load_full();
         let now = clock::now_ms();
         self.monitor.refresh_tracked(&snap, now);
+        self.monitor.adaptivity.step(&snap, now);
         self.monitor.publish(&self.shared, &snap, now)
     }
 

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 
 use serde::Deserialize;
 
+use super::adaptive::Adaptivity;
 use crate::config::WorkerConfig;
 use crate::shed::{Class, RankLoad, Thresholds, Why, rank_why};
 use crate::state::{BusySet, Snapshot};
@@ -281,16 +282,18 @@ impl Latches {
 }
 
 /// Evaluates every model's members into `out` (cleared first; reuses its storage), for
-/// each request class with the model's thresholds scaled as that class sees them.
+/// each request class with the model's thresholds scaled as that class sees them (and as
+/// the adaptive mode sets them for the member).
 pub fn evaluate(
     snap: &Snapshot,
     table: &LoadTable,
     thresholds: &HashMap<String, Thresholds>,
+    adaptivity: &Adaptivity,
     latches: &mut Latches,
     now: u64,
-    staleness: u64,
     out: &mut BusySet,
 ) {
+    let staleness = snap.config.load_staleness_ms;
     out.clear();
     let empty = WorkerLoad::default();
     let classes = &snap.config.classes;
@@ -299,8 +302,10 @@ pub fn evaluate(
         if t.any() {
             out.set_enabled(model.id);
         }
-        let by_class = Class::ALL.map(|c| t.scaled(classes.get(c).busy_threshold_scale));
         for member in model.members.iter() {
+            let scale = adaptivity.scale(member.id);
+            let by_class =
+                Class::ALL.map(|c| t.scaled(classes.get(c).busy_threshold_scale * scale));
             let w = &snap.workers[member.worker as usize];
             let load = table.workers.get(&w.state.slot).unwrap_or(&empty);
             let ranks = load.dp_size(&w.cfg);
@@ -351,7 +356,7 @@ mod tests {
 
     fn snap(extra: &str) -> Snapshot {
         let text = format!(
-            "[[models]]\nname = \"m\"\nactive_decode_blocks_threshold = 0.5\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\nname = \"a\"\nkv_total_blocks = 100\n{extra}\n[[models.workers]]\nurl = \"http://127.0.0.1:2\"\nname = \"b\"\n"
+            "load_staleness_ms = 1000\n[[models]]\nname = \"m\"\nactive_decode_blocks_threshold = 0.5\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\nname = \"a\"\nkv_total_blocks = 100\n{extra}\n[[models.workers]]\nurl = \"http://127.0.0.1:2\"\nname = \"b\"\n"
         );
         Snapshot::standalone(Config::parse(&text, &Overrides::default()).unwrap(), 1).unwrap()
     }
@@ -374,9 +379,9 @@ mod tests {
             s,
             table,
             &thresholds(s),
+            &Adaptivity::default(),
             &mut Latches::default(),
             now,
-            1000,
             &mut out,
         );
         out

@@ -3,6 +3,7 @@
 //! steps; [`Control`] adds the config lifecycle (reload, state dump) and is what admin
 //! handlers act on; `tasks` are its timers. `load` and `scrape::parse` are pure.
 
+mod adaptive;
 mod control;
 pub mod load;
 mod report;
@@ -13,6 +14,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
+pub use adaptive::Adaptivity;
 pub use control::{Command, Control, ReloadError, reload};
 use load::{Latches, LoadTable, Timed};
 pub use report::{RankReport, WorkerReport};
@@ -30,6 +32,8 @@ pub struct Monitor {
     /// The thresholds the config file gave, to tell on reload whether the file changed them.
     file_thresholds: HashMap<String, Thresholds>,
     latches: Latches,
+    /// The adaptive mode's windows and per-member factors.
+    pub adaptivity: Adaptivity,
     scratch: BusySet,
     published: Arc<BusySet>,
     pub publishes: u64,
@@ -51,6 +55,7 @@ impl Monitor {
             thresholds: file.clone(),
             file_thresholds: file,
             latches: Latches::default(),
+            adaptivity: Adaptivity::default(),
             scratch: BusySet::default(),
             published: Arc::new(BusySet::default()),
             publishes: 0,
@@ -106,14 +111,13 @@ impl Monitor {
     /// Re-evaluates the busy rule and, when the set changed, publishes it to every core's
     /// replica before returning. Returns whether it published.
     pub fn publish(&mut self, shared: &Shared, snap: &Snapshot, now: u64) -> bool {
-        let staleness = snap.config.load_staleness_ms;
         load::evaluate(
             snap,
             &self.table,
             &self.thresholds,
+            &self.adaptivity,
             &mut self.latches,
             now,
-            staleness,
             &mut self.scratch,
         );
         if self.scratch == *self.published {

@@ -5,6 +5,7 @@
 
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
+use std::time::Duration;
 
 use super::core::CoreCtx;
 use crate::state::WorkerState;
@@ -96,8 +97,11 @@ impl<'a> Tracked<'a> {
         }
     }
 
-    /// The first response byte arrived: prefill is over.
-    pub(super) fn first_byte(&mut self) {
+    /// The first response byte arrived, `ttft` after the request started: prefill is over.
+    pub(super) fn first_byte(&mut self, ttft: Duration) {
+        let cell = &self.state.tracked[self.core];
+        add(&cell.ttft_us, ttft.as_micros() as u64);
+        add(&cell.first_tokens, 1);
         if self.prefill > 0 {
             sub(&self.state.tracked[self.core].prefill_tokens, self.prefill);
             self.prefill = 0;
@@ -151,8 +155,13 @@ mod tests {
             let mut t = Tracked::start(state, 1, 100, 16);
             assert_eq!(state.tracked[1].prefill_tokens.load(Relaxed), 100);
             assert_eq!(state.tracked[1].decode_blocks.load(Relaxed), 7);
-            t.first_byte();
+            t.first_byte(Duration::from_millis(42));
             assert_eq!(state.tracked[1].prefill_tokens.load(Relaxed), 0);
+            assert_eq!(
+                state.ttft_totals(),
+                (42_000, 1),
+                "the adaptive mode's sample"
+            );
             t.generated(13);
             assert_eq!(state.tracked[1].decode_blocks.load(Relaxed), 8);
             assert_eq!(state.inflight_total(), 1);

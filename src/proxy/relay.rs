@@ -80,9 +80,9 @@ impl Timing<'_> {
         let now = clock::now();
         match self.last_data {
             None => {
-                tracked.first_byte();
-                let ttft = now.duration_since(self.started).as_secs_f64();
-                self.cells.ttft.observe(&TTFT_BUCKETS, ttft);
+                let ttft = now.duration_since(self.started);
+                tracked.first_byte(ttft);
+                self.cells.ttft.observe(&TTFT_BUCKETS, ttft.as_secs_f64());
             }
             Some(last) if self.stream => {
                 let itl = now.duration_since(last).as_secs_f64();

@@ -1,10 +1,12 @@
 //! The busy rule (semantics §3) as pure code: thresholds, per-rank checks with the decode
 //! latch, and the all-ranks aggregation. No I/O, no clock: the monitor feeds it values.
 
+mod adaptive;
 mod class;
 
 use serde::{Deserialize, Serialize};
 
+pub use adaptive::{Adaptive, window_closes};
 pub use class::Class;
 
 /// A model's busy thresholds; each unset by default, each enabling only its own check.

@@ -28,6 +28,10 @@ pub struct TrackedLoad {
     pub inflight: AtomicU64,
     pub prefill_tokens: AtomicU64,
     pub decode_blocks: AtomicU64,
+    /// Time to first token of the requests it routed, summed (µs), and how many: the
+    /// adaptive mode's measurement.
+    pub ttft_us: AtomicU64,
+    pub first_tokens: AtomicU64,
 }
 
 impl WorkerState {
@@ -96,6 +100,16 @@ impl WorkerState {
     #[inline]
     pub fn inflight_on(&self, core: usize) -> u32 {
         self.tracked[core].inflight.load(Ordering::Relaxed) as u32
+    }
+
+    /// Sum over cores of (TTFT µs, first tokens) so far.
+    pub fn ttft_totals(&self) -> (u64, u64) {
+        self.tracked.iter().fold((0u64, 0u64), |(us, n), t| {
+            (
+                us.wrapping_add(t.ttft_us.load(Ordering::Relaxed)),
+                n.wrapping_add(t.first_tokens.load(Ordering::Relaxed)),
+            )
+        })
     }
 
     /// Sum over cores of requests in flight.
