@@ -45,12 +45,23 @@ pub(super) async fn admit<'w, F: Future<Output = ReadDone>>(
         Err(Interrupt::Timeout) if ticket.is_ready() => Ok(Some(ticket)),
         Err(Interrupt::Timeout) => {
             gate.count_rejection();
-            let waited = Why {
-                knob: Knob::QueueTimeout,
-                value: clock::since(started).as_millis() as f64,
-                threshold: timeout_ms as f64,
+            let (running, _) = gate.occupancy();
+            let share = gate.class_limit(class);
+            // Held back by its class's share while slots stood free: that share refused it.
+            let why = if share < gate.limit() && running < u64::from(gate.limit()) {
+                Why {
+                    knob: Knob::ClassShare,
+                    value: running as f64,
+                    threshold: f64::from(share),
+                }
+            } else {
+                Why {
+                    knob: Knob::QueueTimeout,
+                    value: clock::since(started).as_millis() as f64,
+                    threshold: timeout_ms as f64,
+                }
             };
-            Err(AttemptError::Refused(Refusal::QueueTimeout, Some(waited)))
+            Err(AttemptError::Refused(Refusal::QueueTimeout, Some(why)))
         }
     }
 }

@@ -136,7 +136,7 @@ impl RequestError {
         use RequestError::*;
         match self {
             Overloaded(why) | DirectBusy(why) => Some(why.map_or(Knob::QueueFull, |w| w.knob)),
-            WorkerOverloaded(r, _) => Some(r.knob()),
+            WorkerOverloaded(r, why) => Some(why.map_or(r.knob(), |w| w.knob)),
             Unavailable => Some(Knob::Unreachable),
             _ => None,
         }

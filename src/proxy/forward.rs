@@ -208,6 +208,8 @@ fn refused(
     let now = clock::now_ms();
     match refusal {
         Refusal::UpstreamUnavailable => worker.state.inhibit(now, limits.worker_down_backoff_ms),
+        // A class's share says nothing of the worker: other classes keep using it.
+        _ if why.is_some_and(|w| w.knob == Knob::ClassShare) => {}
         _ => worker
             .state
             .mark_overloaded(now, limits.worker_refusal_hold_ms),

@@ -74,8 +74,8 @@ pub struct RankLoad {
 }
 
 /// What refused a request (Dynamo's admission-controls direction: every refusal names
-/// its knob). The busy rule's three thresholds, the worker's admission limits, the
-/// worker's own refusal, and nothing reachable.
+/// its knob). The busy rule's three thresholds, the worker's admission limits, a request
+/// class's share of the slots, the worker's own refusal, and nothing reachable.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Knob {
     DecodeBlocks,
@@ -83,17 +83,19 @@ pub enum Knob {
     PrefillTokensFrac,
     QueueFull,
     QueueTimeout,
+    ClassShare,
     UpstreamOverloaded,
     Unreachable,
 }
 
 impl Knob {
-    pub const ALL: [Knob; 7] = [
+    pub const ALL: [Knob; 8] = [
         Knob::DecodeBlocks,
         Knob::PrefillTokens,
         Knob::PrefillTokensFrac,
         Knob::QueueFull,
         Knob::QueueTimeout,
+        Knob::ClassShare,
         Knob::UpstreamOverloaded,
         Knob::Unreachable,
     ];
@@ -106,6 +108,7 @@ impl Knob {
             Knob::PrefillTokensFrac => "prefill_tokens_frac",
             Knob::QueueFull => "queue_full",
             Knob::QueueTimeout => "queue_timeout",
+            Knob::ClassShare => "class_share",
             Knob::UpstreamOverloaded => "upstream_overloaded",
             Knob::Unreachable => "unreachable",
         }
@@ -119,6 +122,7 @@ impl Knob {
             Knob::PrefillTokensFrac => "active_prefill_tokens_threshold_frac",
             Knob::QueueFull => "engine_request_limit + request_queue_limit",
             Knob::QueueTimeout => "request_queue_timeout_ms",
+            Knob::ClassShare => "classes.<class>.slot_share",
             Knob::UpstreamOverloaded => "the worker's own limits",
             Knob::Unreachable => "the model's workers (down after failed connects)",
         }
