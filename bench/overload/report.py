@@ -119,6 +119,25 @@ def analyse(meta, recs, warmup, duration, max_tokens):
     }
 
 
+CLASS_FIELDS = ("arrivals", "offered_rps", "completed_rps", "ttft_p50", "ttft_p99", "ttft_bound",
+                "rejected", "rejected_share", "reject_p99", "errors")
+
+
+def class_stats(meta, recs, warmup, duration, max_tokens):
+    """Per request class (the loadgen's --class-mix), the figures of analyse(); None when
+    the requests carry no class. Classes in the mix's order, then any others."""
+    seen = {r["class"] for r in recs if "class" in r}
+    if not seen:
+        return None
+    order = [c for c in (meta.get("class_mix") or {}) if c in seen] + sorted(
+        seen - set(meta.get("class_mix") or {}))
+    out = {}
+    for c in order:
+        s = analyse(meta, [r for r in recs if r.get("class") == c], warmup, duration, max_tokens)
+        out[c] = {k: s[k] for k in CLASS_FIELDS}
+    return out
+
+
 def capacity_measured(path, warmup):
     meta, recs = load_run(path)
     end = meta["duration"]
@@ -195,6 +214,10 @@ def report(a):
         s["spillway_statuses"] = spillway_counts(run.get("metrics"))
         s["log_problems"] = log_problems(run.get("log", ""))[:5]
         s["backlog"] = engine_backlog(run.get("engine_metrics"))
+        classes = class_stats(meta, recs, a.warmup, a.duration, a.max_tokens)
+        if classes:
+            s["classes"] = classes
+            s["class_mix"] = meta.get("class_mix")
         rows.append(s)
 
     by = {(r["setup"], r["load"]): r for r in rows}
@@ -248,6 +271,8 @@ def report(a):
                 f"{100 * r['loadgen_cpu']:.0f} % |"
             )
     md.append("")
+    if a.classes:
+        md += classes_section(rows, setups, loads)
 
     # Acceptance.
     md += ["## Acceptance (issue 5)", ""]
@@ -367,9 +392,90 @@ def report(a):
         f.write("\n".join(md) + "\n")
     with open(a.out_json, "w") as f:
         json.dump({"c_model": c_model, "c_measured": cap_rps, "rows": rows}, f, indent=1, default=str)
-    plot(a, rows, setups, loads, c_model, cap_tps)
+    if a.classes:
+        plot_classes(a, rows, setups, loads)
+    else:
+        plot(a, rows, setups, loads, c_model, cap_tps)
     print("\n".join(md))
     return 0
+
+
+def classes_section(rows, setups, loads):
+    """Per request class: what each class saw (run.sh with CLASS_MIX)."""
+    md = ["## Per request class", ""]
+    if not any(r.get("classes") for r in rows):
+        return md + ["(No request carried a class.)", ""]
+    mix = next((r.get("class_mix") for r in rows if r.get("class_mix")), None)
+    md += [
+        "Each request carried a class in a header, drawn at random with the mix's weights"
+        + (f" ({mix})" if mix else "") + "; same window and definitions as above, per class.",
+        "",
+        "| setup | load | class | offered req/s | completed req/s | TTFT p50 ms | TTFT p99 ms | "
+        "refused | reject p99 ms | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    by = {(r["setup"], r["load"]): r for r in rows}
+    for s in setups:
+        for k in loads:
+            r = by.get((s, k))
+            if not r or not r.get("classes"):
+                continue
+            for c, x in r["classes"].items():
+                md.append(
+                    f"| {SETUP_NAMES[s]} | {k:g}×C | {c} | {x['offered_rps']:.1f} | "
+                    f"{x['completed_rps']:.1f} | {ms(x['ttft_p50'], x['ttft_bound'])} | "
+                    f"{ms(x['ttft_p99'], x['ttft_bound'])} | {100 * x['rejected_share']:.1f} % | "
+                    f"{ms(x['reject_p99'])} | {x['errors']} |")
+    md.append("")
+    return md
+
+
+def plot_classes(a, rows, setups, loads):
+    """Per class: refused share and admitted TTFT p99 against offered load."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by = {(r["setup"], r["load"]): r for r in rows}
+    classes = []
+    for r in rows:
+        for c in r.get("classes") or {}:
+            if c not in classes:
+                classes.append(c)
+    colors = {"critical": "tab:red", "standard": "tab:blue", "sheddable": "tab:grey"}
+    dashes = {"shed": "-", "noshed": ":", "haproxy": "--"}
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
+    for s in setups:
+        for i, c in enumerate(classes):
+            color = colors.get(c, f"C{i}")
+            pts = [(k, by[(s, k)]["classes"][c]) for k in loads
+                   if (s, k) in by and c in (by[(s, k)].get("classes") or {})]
+            if not pts:
+                continue
+            label = f"{c} ({SETUP_NAMES[s]})" if len(setups) > 1 else c
+            ax1.plot([k for k, _ in pts], [100 * x["rejected_share"] for _, x in pts], color=color,
+                     linestyle=dashes.get(s, "-"), marker="o", label=label)
+            tp = [(k, x) for k, x in pts if x["ttft_p99"]]
+            ax2.plot([k for k, _ in tp], [1000 * x["ttft_p99"] for _, x in tp], color=color,
+                     linestyle=dashes.get(s, "-"), marker="o", label=label)
+            for k, x in tp:
+                if x["ttft_bound"]:
+                    ax2.annotate("≥", (k, 1000 * x["ttft_p99"]), textcoords="offset points",
+                                 xytext=(6, 4), color=color)
+    ax1.set_xlabel("offered load (× C)")
+    ax1.set_ylabel("refused share (%)")
+    ax1.set_title("Refused share per class vs offered load")
+    ax1.grid(True, alpha=0.3)
+    ax1.legend(fontsize=8)
+    ax2.set_yscale("log")
+    ax2.set_xlabel("offered load (× C)")
+    ax2.set_ylabel("admitted TTFT p99 (ms, log)")
+    ax2.set_title("TTFT p99 per class vs offered load")
+    ax2.grid(True, which="both", alpha=0.3)
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(a.out_png, dpi=110)
 
 
 def why_section(a, c_per_engine):
@@ -496,6 +602,8 @@ def main():
     r.add_argument("--haproxy-config", required=True)
     r.add_argument("--clk-tck", type=float, default=100)
     r.add_argument("--shed-knobs", default="")
+    r.add_argument("--classes", action="store_true",
+                   help="a class run (run.sh CLASS_MIX): per-class section, per-class plot")
     r.add_argument("--out-md", required=True)
     r.add_argument("--out-png", required=True)
     r.add_argument("--out-json", required=True)
