@@ -10,7 +10,8 @@ BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 REPO_DIR="$(cd "$BENCH_DIR/.." && pwd)"
 WORK_DIR="$BENCH_DIR/work"          # git-ignored: the Python venv and nothing else
 RESULTS_DIR="$BENCH_DIR/results"
-SPILLWAY="$REPO_DIR/target/release/spillway"
+# SPILLWAY_BIN: use that binary as is (no build), e.g. one built in another checkout.
+SPILLWAY="${SPILLWAY_BIN:-$REPO_DIR/target/release/spillway}"
 mkdir -p "$WORK_DIR" "$RESULTS_DIR"
 
 BENCH_PIDS=()
@@ -173,8 +174,13 @@ ensure_venv() {
   PY="$venv/bin/python"
 }
 
-# ensure_spillway: the release binary, built when missing or older than the sources.
+# ensure_spillway: the release binary, built when missing or older than the sources
+# (SPILLWAY_BIN set: that binary, never built).
 ensure_spillway() {
+  if [[ -n ${SPILLWAY_BIN:-} ]]; then
+    [[ -x $SPILLWAY ]] || die "SPILLWAY_BIN=$SPILLWAY is not an executable"
+    return 0
+  fi
   if [[ ! -x "$SPILLWAY" ]] || [[ -n "$(find "$REPO_DIR/src" "$REPO_DIR/Cargo.toml" \
       -newer "$SPILLWAY" -print -quit)" ]]; then
     log "building spillway (cargo build --release)"

@@ -17,6 +17,11 @@ end time, content events received, and the outcome:
 `--closed N` instead runs N concurrent request loops (closed loop), for measuring an
 engine's capacity at saturation.
 
+`--class-mix critical:0.2,standard:0.3,sheddable:0.5` gives each request a class drawn at
+random with those weights (its own seeded generator, so the arrival times are those of a
+run without classes), sent as the header `--class-header` (default x-spillway-class) and
+recorded as "class" in the request's line.
+
 Output: one JSON object per line, for report.py: first the run's metadata (including the
 generator's own CPU time, to show it was not the bottleneck), then one per request.
 """
@@ -30,7 +35,7 @@ import sys
 import time
 
 
-def build_request(host, port, model, prompt_bytes, max_tokens):
+def build_request(host, port, model, prompt_bytes, max_tokens, extra_headers=()):
     # The mock estimates prompt tokens as bytes of the `messages` JSON / 4.
     filler = ("lorem ipsum dolor sit amet consectetur " * (prompt_bytes // 8 + 2))
     skeleton = json.dumps([{"role": "user", "content": ""}], separators=(",", ":"))
@@ -48,7 +53,8 @@ def build_request(host, port, model, prompt_bytes, max_tokens):
     head = (
         f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\n"
         f"content-type: application/json\r\naccept: text/event-stream\r\n"
-        f"content-length: {len(body)}\r\n\r\n"
+        + "".join(f"{k}: {v}\r\n" for k, v in extra_headers)
+        + f"content-length: {len(body)}\r\n\r\n"
     ).encode()
     return head + body
 
@@ -168,6 +174,29 @@ async def one(args, req, sched, t0, rec):
             writer.close()
 
 
+def parse_class_mix(text):
+    """'critical:0.2,standard:0.3' -> [('critical', 0.2), ('standard', 0.3)]."""
+    mix = []
+    for part in text.split(","):
+        name, sep, weight = part.strip().partition(":")
+        if not sep or not name or float(weight) < 0:
+            raise ValueError(f"--class-mix: expected NAME:WEIGHT, got {part!r}")
+        mix.append((name, float(weight)))
+    if not mix or sum(w for _, w in mix) <= 0:
+        raise ValueError("--class-mix: weights must add up to more than 0")
+    return mix
+
+
+def req_for(args, req, rec):
+    """The request bytes for `rec`: with a class mix, draws its class and records it."""
+    if not args.class_mix:
+        return req
+    names, weights = zip(*args.class_mix)
+    cls = args.class_rng.choices(names, weights)[0]
+    rec["class"] = cls
+    return req[cls]
+
+
 async def open_loop(args, req):
     loop = asyncio.get_running_loop()
     rng = random.Random(args.seed)
@@ -185,7 +214,7 @@ async def open_loop(args, req):
         delay = t0 + rec["sched"] - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        tasks.append(asyncio.create_task(one(args, req, rec["sched"], t0, rec)))
+        tasks.append(asyncio.create_task(one(args, req_for(args, req, rec), rec["sched"], t0, rec)))
     hard_end = t0 + args.duration + args.drain
     pending = [t for t in tasks if not t.done()]
     if pending:
@@ -207,7 +236,7 @@ async def closed_loop(args, req):
         while loop.time() - t0 < args.duration:
             rec = {"i": k + n * args.closed, "sched": loop.time() - t0, "outcome": "cut"}
             recs.append(rec)
-            await one(args, req, rec["sched"], t0, rec)
+            await one(args, req_for(args, req, rec), rec["sched"], t0, rec)
             n += 1
 
     tasks = [asyncio.create_task(runner(k)) for k in range(args.closed)]
@@ -232,11 +261,23 @@ def main():
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--label", default="")
+    p.add_argument("--class-mix", default="",
+                   help="NAME:WEIGHT,...: a request class per request, drawn with these weights")
+    p.add_argument("--class-header", default="x-spillway-class",
+                   help="the header that carries the class (with --class-mix)")
     p.add_argument("--out", required=True)
     args = p.parse_args()
     ports = [int(x) for x in args.ports.split(",")]
     args.port_for = lambda i: ports[i % len(ports)]
-    req = build_request(args.host, ports[0], args.model, args.prompt_bytes, args.max_tokens)
+    args.class_mix = parse_class_mix(args.class_mix) if args.class_mix else []
+    # Its own generator: the arrival times stay those of the same seed without classes.
+    args.class_rng = random.Random(f"class-{args.seed}")
+    if args.class_mix:
+        req = {name: build_request(args.host, ports[0], args.model, args.prompt_bytes,
+                                   args.max_tokens, [(args.class_header, name)])
+               for name, _ in args.class_mix}
+    else:
+        req = build_request(args.host, ports[0], args.model, args.prompt_bytes, args.max_tokens)
 
     c0 = os.times()
     w0 = time.monotonic()
@@ -261,6 +302,9 @@ def main():
         "cpu_share": cpu / max(wall, 1e-9),
         "elapsed_s": time.monotonic() - w0,
     }
+    if args.class_mix:
+        meta["class_mix"] = dict(args.class_mix)
+        meta["class_header"] = args.class_header
     with open(args.out, "w") as f:
         f.write(json.dumps(meta) + "\n")
         for r in recs:

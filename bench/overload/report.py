@@ -3,6 +3,8 @@
 
   report.py capacity --prompt-bytes B --max-tokens M ...   prints C per engine (req/s)
   report.py report --summary S --capacity F ...            writes overload.md/.png/.json
+  report.py dynamo --summary S --capacity F ...            writes overload-dynamo.md/.json
+                                                           (bench/overload/dynamo.sh)
 """
 
 import argparse
@@ -119,6 +121,25 @@ def analyse(meta, recs, warmup, duration, max_tokens):
     }
 
 
+CLASS_FIELDS = ("arrivals", "offered_rps", "completed_rps", "ttft_p50", "ttft_p99", "ttft_bound",
+                "rejected", "rejected_share", "reject_p99", "errors")
+
+
+def class_stats(meta, recs, warmup, duration, max_tokens):
+    """Per request class (the loadgen's --class-mix), the figures of analyse(); None when
+    the requests carry no class. Classes in the mix's order, then any others."""
+    seen = {r["class"] for r in recs if "class" in r}
+    if not seen:
+        return None
+    order = [c for c in (meta.get("class_mix") or {}) if c in seen] + sorted(
+        seen - set(meta.get("class_mix") or {}))
+    out = {}
+    for c in order:
+        s = analyse(meta, [r for r in recs if r.get("class") == c], warmup, duration, max_tokens)
+        out[c] = {k: s[k] for k in CLASS_FIELDS}
+    return out
+
+
 def capacity_measured(path, warmup):
     meta, recs = load_run(path)
     end = meta["duration"]
@@ -195,6 +216,10 @@ def report(a):
         s["spillway_statuses"] = spillway_counts(run.get("metrics"))
         s["log_problems"] = log_problems(run.get("log", ""))[:5]
         s["backlog"] = engine_backlog(run.get("engine_metrics"))
+        classes = class_stats(meta, recs, a.warmup, a.duration, a.max_tokens)
+        if classes:
+            s["classes"] = classes
+            s["class_mix"] = meta.get("class_mix")
         rows.append(s)
 
     by = {(r["setup"], r["load"]): r for r in rows}
@@ -248,6 +273,8 @@ def report(a):
                 f"{100 * r['loadgen_cpu']:.0f} % |"
             )
     md.append("")
+    if a.classes:
+        md += classes_section(rows, setups, loads)
 
     # Acceptance.
     md += ["## Acceptance (issue 5)", ""]
@@ -367,9 +394,90 @@ def report(a):
         f.write("\n".join(md) + "\n")
     with open(a.out_json, "w") as f:
         json.dump({"c_model": c_model, "c_measured": cap_rps, "rows": rows}, f, indent=1, default=str)
-    plot(a, rows, setups, loads, c_model, cap_tps)
+    if a.classes:
+        plot_classes(a, rows, setups, loads)
+    else:
+        plot(a, rows, setups, loads, c_model, cap_tps)
     print("\n".join(md))
     return 0
+
+
+def classes_section(rows, setups, loads):
+    """Per request class: what each class saw (run.sh with CLASS_MIX)."""
+    md = ["## Per request class", ""]
+    if not any(r.get("classes") for r in rows):
+        return md + ["(No request carried a class.)", ""]
+    mix = next((r.get("class_mix") for r in rows if r.get("class_mix")), None)
+    md += [
+        "Each request carried a class in a header, drawn at random with the mix's weights"
+        + (f" ({mix})" if mix else "") + "; same window and definitions as above, per class.",
+        "",
+        "| setup | load | class | offered req/s | completed req/s | TTFT p50 ms | TTFT p99 ms | "
+        "refused | reject p99 ms | errors |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    by = {(r["setup"], r["load"]): r for r in rows}
+    for s in setups:
+        for k in loads:
+            r = by.get((s, k))
+            if not r or not r.get("classes"):
+                continue
+            for c, x in r["classes"].items():
+                md.append(
+                    f"| {SETUP_NAMES[s]} | {k:g}×C | {c} | {x['offered_rps']:.1f} | "
+                    f"{x['completed_rps']:.1f} | {ms(x['ttft_p50'], x['ttft_bound'])} | "
+                    f"{ms(x['ttft_p99'], x['ttft_bound'])} | {100 * x['rejected_share']:.1f} % | "
+                    f"{ms(x['reject_p99'])} | {x['errors']} |")
+    md.append("")
+    return md
+
+
+def plot_classes(a, rows, setups, loads):
+    """Per class: refused share and admitted TTFT p99 against offered load."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    by = {(r["setup"], r["load"]): r for r in rows}
+    classes = []
+    for r in rows:
+        for c in r.get("classes") or {}:
+            if c not in classes:
+                classes.append(c)
+    colors = {"critical": "tab:red", "standard": "tab:blue", "sheddable": "tab:grey"}
+    dashes = {"shed": "-", "noshed": ":", "haproxy": "--"}
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
+    for s in setups:
+        for i, c in enumerate(classes):
+            color = colors.get(c, f"C{i}")
+            pts = [(k, by[(s, k)]["classes"][c]) for k in loads
+                   if (s, k) in by and c in (by[(s, k)].get("classes") or {})]
+            if not pts:
+                continue
+            label = f"{c} ({SETUP_NAMES[s]})" if len(setups) > 1 else c
+            ax1.plot([k for k, _ in pts], [100 * x["rejected_share"] for _, x in pts], color=color,
+                     linestyle=dashes.get(s, "-"), marker="o", label=label)
+            tp = [(k, x) for k, x in pts if x["ttft_p99"]]
+            ax2.plot([k for k, _ in tp], [1000 * x["ttft_p99"] for _, x in tp], color=color,
+                     linestyle=dashes.get(s, "-"), marker="o", label=label)
+            for k, x in tp:
+                if x["ttft_bound"]:
+                    ax2.annotate("≥", (k, 1000 * x["ttft_p99"]), textcoords="offset points",
+                                 xytext=(6, 4), color=color)
+    ax1.set_xlabel("offered load (× C)")
+    ax1.set_ylabel("refused share (%)")
+    ax1.set_title("Refused share per class vs offered load")
+    ax1.grid(True, alpha=0.3)
+    ax1.legend(fontsize=8)
+    ax2.set_yscale("log")
+    ax2.set_xlabel("offered load (× C)")
+    ax2.set_ylabel("admitted TTFT p99 (ms, log)")
+    ax2.set_title("TTFT p99 per class vs offered load")
+    ax2.grid(True, which="both", alpha=0.3)
+    ax2.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(a.out_png, dpi=110)
 
 
 def why_section(a, c_per_engine):
@@ -469,7 +577,346 @@ def plot(a, rows, setups, loads, c_model, cap_tps):
     fig.savefig(a.out_png, dpi=110)
 
 
+# --- Dynamo as a peer (bench/overload/dynamo.sh) -----------------------------------------
+DYN_NAMES = {
+    "dynamo": "Dynamo frontend, busy thresholds",
+    "dynamo-cap": "Dynamo frontend, thresholds + worker cap",
+}
+PEER_NAMES = dict(SETUP_NAMES, **DYN_NAMES)
+
+
+def log_lines(path):
+    try:
+        return re.sub(r"\x1b\[[0-9;]*m", "", open(path, errors="replace").read()).splitlines()
+    except (OSError, TypeError):
+        return []
+
+
+def frontend_counts(metrics_path):
+    """Dynamo frontend counters from a /metrics dump: requests by status, rejections."""
+    out = spillway_counts(metrics_path)
+    try:
+        text = open(metrics_path).read()
+    except (OSError, TypeError):
+        return out
+    for line in text.splitlines():
+        if line.startswith("dynamo_frontend_model_rejection_total{"):
+            out["model_rejection_total"] = out.get("model_rejection_total", 0) + float(
+                line.rsplit(" ", 1)[1])
+    return out
+
+
+def ratio_row(name, rows, c_meas, c_loads, note=""):
+    """One line of the side-by-side table from one setup's rows (dicts of analyse())."""
+    by = {r["load"]: r for r in rows}
+    lo, hi = by.get(0.5), by.get(3) or by.get(3.0)
+    one = by.get(1) or by.get(1.0)
+    cells = [name + note, f"{c_meas:.1f}"]
+    if lo and hi and lo["ttft_p99"] and hi["ttft_p99"]:
+        cells += [ms(lo["ttft_p99"], lo["ttft_bound"]), ms(hi["ttft_p99"], hi["ttft_bound"]),
+                  ("≥ " if hi["ttft_bound"] else "") + f"**{hi['ttft_p99'] / lo['ttft_p99']:.2f}×**"]
+    else:
+        cells += ["–", "–", "–"]
+    cells.append(f"{one['completed_rps'] / c_meas:.2f}" if one else "–")
+    cells.append(f"{100 * one['rejected_share']:.1f} %" if one else "–")
+    cells.append(f"{100 * hi['rejected_share']:.1f} %" if hi else "–")
+    cells.append(ms(hi["reject_p99"]) if hi else "–")
+    if hi:
+        handled = hi["offered_rps"]
+        cells.append(f"{100 * hi['proxy_cpu']:.0f} %")
+        cells.append(f"{1000 * hi['proxy_cpu'] / max(handled, 1e-9):.2f}")
+    else:
+        cells += ["–", "–"]
+    return "| " + " | ".join(cells) + " |"
+
+
+def dynamo_report(a):
+    cap_rps, cap_tps, cap_meta = capacity_measured(a.capacity, a.capacity_warmup)
+    runs = [json.loads(l) for l in open(a.summary)]
+    rows = []
+    for run in runs:
+        meta, recs = load_run(run["file"])
+        s = analyse(meta, recs, a.warmup, a.duration, a.max_tokens)
+        s.update(setup=run["setup"], load=run["load"], rate=run["rate"])
+        s["proxy_cpu"] = run["proxy_ticks"] / a.clk_tck / max(meta["wall_s"], 1e-9)
+        s["mocker_cpu"] = run["mocker_ticks"] / a.clk_tck / max(meta["wall_s"], 1e-9)
+        s["proxy_alive"] = run["proxy_alive"]
+        s["frontend_counts"] = frontend_counts(run.get("metrics"))
+        # Dynamo logs every refusal at ERROR (three lines, in the request's span) and WARN;
+        # anything else at ERROR, or a panic, is a problem.
+        flog = log_lines(run.get("log", ""))
+        s["log_problems"] = [l for l in flog if re.search(r"\bERROR\b|panic", l)
+                             and not ("http-request:" in l and ("529" in l or "overload" in l))][:5]
+        s["frontend_log_lines"] = len(flog)
+        s["worker_cap_rejections"] = sum("Worker at capacity" in l
+                                         for l in log_lines(run.get("mocker_log", "")))
+        rows.append(s)
+    by = {(r["setup"], r["load"]): r for r in rows}
+    loads = sorted({r["load"] for r in rows})
+    setups = [s for s in DYN_NAMES if any(r["setup"] == s for r in rows)]
+    cap_cpu = a.capacity_ticks / a.clk_tck / max(cap_meta["wall_s"], 1e-9)
+
+    md = [open(a.header).read().rstrip(), ""]
+    md += [
+        "## Capacity C (measured)",
+        "",
+        f"- Closed loop, {cap_meta['closed']} concurrent streams through a frontend without "
+        f"thresholds to the mocker's two workers, completions in [{a.capacity_warmup:.0f} s, "
+        f"{cap_meta['duration']:.0f} s): **C = {cap_rps:.1f} req/s** ({cap_tps:.0f} tokens/s) at "
+        f"`--speedup-ratio {a.speedup:g}`. The frontend used {100 * cap_cpu:.0f} % of CPU 0 "
+        "meanwhile, so C is the mocker's, not the frontend's.",
+        "- The mocker's time model is Dynamo's own (vLLM-style step timings), not `spillway "
+        "mock-engine`'s: the engine parameters match, the step costs do not. Offered loads "
+        "below are multiples of this measured C, as Spillway's are of its engines' C, so the two "
+        "benchmarks compare by ratios to C.",
+        "",
+        "## Results",
+        "",
+        f"Window: requests that arrived in [{a.warmup:.0f} s, {a.duration:.0f} s) of each run "
+        "(completions: those that ended in that window). Latencies from each request's "
+        "scheduled arrival; `≥` marks a lower bound (no first token by the run's hard end).",
+        "",
+        "| setup | load | offered req/s | completed req/s | completed tok/s | TTFT ≤ 1 s req/s | "
+        "TTFT p50 ms | TTFT p99 ms | rejected | reject p99 ms | errors | frontend CPU | "
+        "frontend CPU ms / request | mocker CPU | loadgen CPU |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in setups:
+        for k in loads:
+            r = by.get((s, k))
+            if not r:
+                continue
+            rej = f"{100 * r['rejected_share']:.1f} %"
+            if r["reject_statuses"]:
+                rej += " (" + ", ".join(f"{v}×{c}" for c, v in sorted(r["reject_statuses"].items())) + ")"
+            if r["pending_no_status"]:
+                rej += f"; {r['pending_no_status']} still queued at end"
+            md.append(
+                f"| {DYN_NAMES[s]} | {k:g}×C | {r['offered_rps']:.1f} | {r['completed_rps']:.1f} | "
+                f"{r['completed_tps']:.0f} | {r['slo_rps']:.1f} | "
+                f"{ms(r['ttft_p50'], r['ttft_bound'])} | {ms(r['ttft_p99'], r['ttft_bound'])} | "
+                f"{rej} | {ms(r['reject_p99'])} | {r['errors']} | {100 * r['proxy_cpu']:.0f} % | "
+                f"{1000 * r['proxy_cpu'] / max(r['offered_rps'], 1e-9):.2f} | "
+                f"{100 * r['mocker_cpu']:.0f} % | {100 * r['loadgen_cpu']:.0f} % |")
+    md.append("")
+
+    # Side by side, from the Spillway/HAProxy summary of run.sh.
+    md += ["## Side by side: Dynamo, HAProxy and Spillway on the same ratios", ""]
+    peer = None
+    try:
+        peer = json.load(open(a.spillway_summary))
+    except (OSError, ValueError) as e:
+        md += [f"(No Spillway/HAProxy summary at `{a.spillway_summary}`: {e}.)", ""]
+    md += [
+        "Each system is offered 0.5–3 × its own C. Columns: C = its measured capacity (req/s); "
+        "admitted TTFT p99 at 0.5×C and 3×C (ms) and their ratio (the overload penalty; "
+        "Spillway's acceptance target is ≤ 2×); goodput = completed req/s at 1×C ÷ measured "
+        "C; refused = share of arrivals answered 429/503/529; reject p99 = time to the refusal's "
+        "status line at 3×C; proxy/frontend CPU at 3×C, as a share of its one CPU and as CPU "
+        "ms per arriving request (refusals included).",
+        "",
+        "| setup | C req/s | TTFT p99 0.5×C | TTFT p99 3×C | ratio 3×C / 0.5×C | goodput 1×C ÷ C "
+        "| refused 1×C | refused 3×C | reject p99 ms 3×C | proxy CPU 3×C | CPU ms / request 3×C |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    side = {}
+    if peer:
+        pc = peer["c_measured"]
+        side["_c_measured"] = pc
+        for s in ("shed", "haproxy", "noshed"):
+            prow = [r for r in peer["rows"] if r["setup"] == s]
+            if prow:
+                md.append(ratio_row(SETUP_NAMES[s], prow, pc, peer["c_model"]))
+                side[s] = prow
+    for s in setups:
+        md.append(ratio_row(DYN_NAMES[s], [r for r in rows if r["setup"] == s], cap_rps, cap_rps))
+    md.append("")
+    if peer:
+        md += [
+            f"Spillway and HAProxy figures: `{os.path.relpath(a.spillway_summary, os.path.dirname(a.out_md))}` "
+            f"(bench/overload/run.sh; two `spillway mock-engine`s, measured C = {peer['c_measured']:.1f} "
+            f"req/s; its loads are multiples of the time model's C = {peer['c_model']:.1f} req/s, "
+            f"{100 * abs(peer['c_model'] / peer['c_measured'] - 1):.0f} % away). That run and this one "
+            "were made at different times on the same shared 2-CPU machine.",
+            "",
+        ]
+    md += dynamo_reading(a, rows, setups, by, side, cap_rps)
+    md += dynamo_why(a)
+
+    md += ["## Frontend health during the runs", ""]
+    problems = False
+    for r in rows:
+        notes = []
+        if r["proxy_alive"] != "yes":
+            notes.append("frontend process gone after the run")
+        if r["errors"]:
+            notes.append(f"{r['errors']} client-side errors: {r['error_kinds']}")
+        if r["log_problems"]:
+            notes.append("log: " + " / ".join(l[-200:] for l in r["log_problems"][:3]))
+        if notes:
+            problems = True
+            md.append(f"- {DYN_NAMES[r['setup']]} at {r['load']:g}×C: " + "; ".join(notes))
+    if not problems:
+        md.append("- No client-side errors, no ERROR lines or panics in the frontend's log, no crashes.")
+    md += ["", "Dynamo's own counters (`dynamo_frontend_requests_total` by status and error type, "
+           "`dynamo_frontend_model_rejection_total`; whole run incl. warm-up and drain):", ""]
+    for r in rows:
+        if r["frontend_counts"]:
+            md.append(f"- {DYN_NAMES[r['setup']]} at {r['load']:g}×C: " + ", ".join(
+                f"{k} {v:.0f}" for k, v in sorted(r["frontend_counts"].items()))
+                + (f"; the workers' own cap refused {r['worker_cap_rejections']} (mocker log: "
+                   "`Worker at capacity`)" if r["setup"] == "dynamo-cap" else "")
+                + f"; frontend log {r['frontend_log_lines']} lines")
+    md += ["", f"Load generator: CPU at most {100 * max(r['loadgen_cpu'] for r in rows):.0f} % of "
+           f"one core (its start lag p99 at most {1000 * max((r['lag_p99'] or 0) for r in rows):.1f} ms).",
+           ""]
+    md += [
+        "## Caveats",
+        "",
+        "- Different engines: Dynamo's mocker and `spillway mock-engine` share the engine "
+        "parameters (batch 64, 2048 × 16-token KV blocks, 2048 batched tokens, 256-token prompts, "
+        "64 output tokens) but not their step-time models, so absolute TTFTs differ; compare "
+        "the ratios to each system's own low-load figure and to its own C.",
+        "- Dynamo's frontend tokenizes every prompt and detokenizes every output token (it is "
+        "an OpenAI front end, not a byte proxy), in Python-hosted Rust; Spillway and HAProxy "
+        "forward bytes. Its CPU column carries that work.",
+        "- Dynamo's busy set is fed by the workers' load events over its event plane (ZMQ here) "
+        "and the router's own tracking; how often it refreshes is Dynamo's choice, not a knob "
+        "here (Spillway's run pushes load every 5 ms).",
+        "- Shared machine: 2 vCPUs that other engineers' builds also used (load average in the "
+        "header); processes at nice −10; a p99 moves by about ±10 % from run to run.",
+        "- One TCP connection per request (loopback connect ≈ 0.1 ms, inside every latency).",
+        "- Logging: both Dynamo processes ran with `DYN_LOG=warn` (Spillway ran with "
+        "`RUST_LOG=warn`). Dynamo still logs each refusal (three ERROR lines and one WARN) and each "
+        "success (one INFO line, its request span) to the frontend's log, a file here; that "
+        "work is in the frontend CPU column.",
+        "",
+    ]
+    with open(a.out_md, "w") as f:
+        f.write("\n".join(md) + "\n")
+    with open(a.out_json, "w") as f:
+        json.dump({"c_measured": cap_rps, "c_tps": cap_tps, "capacity_frontend_cpu": cap_cpu,
+                   "prompt_tokens": a.prompt_tokens, "speedup": a.speedup,
+                   "thresholds": {"active_decode_blocks_threshold": float(a.dyn_decode) if a.dyn_decode else None,
+                                  "active_prefill_tokens_threshold": float(a.dyn_prefill) if a.dyn_prefill else None},
+                   "rows": rows}, f, indent=1, default=str)
+    print("\n".join(md))
+    return 0
+
+
+def dynamo_reading(a, rows, setups, by, side, cap_rps):
+    out = ["## Reading", ""]
+    for s in setups:
+        lo, hi, one = by.get((s, 0.5)), by.get((s, 3)) or by.get((s, 3.0)), by.get((s, 1)) or by.get((s, 1.0))
+        if lo and hi and lo["ttft_p99"] and hi["ttft_p99"]:
+            out.append(
+                f"- {DYN_NAMES[s]}: admitted TTFT p99 {ms(lo['ttft_p99'])} ms at 0.5×C, "
+                f"{ms(hi['ttft_p99'], hi['ttft_bound'])} ms at 3×C: **{hi['ttft_p99'] / lo['ttft_p99']:.2f}×**; "
+                f"it refuses {100 * hi['rejected_share']:.0f} % at 3×C (reject p99 {ms(hi['reject_p99'])} ms) "
+                f"and completes {hi['completed_rps']:.1f} req/s there "
+                f"({100 * hi['completed_rps'] / cap_rps:.0f} % of C)"
+                + (f"; at 1×C it completes {one['completed_rps']:.1f} req/s "
+                   f"({100 * one['completed_rps'] / cap_rps:.0f} % of C) and refuses "
+                   f"{100 * one['rejected_share']:.1f} %." if one else "."))
+    sh = side.get("shed")
+    d = {r["load"]: r for r in rows if r["setup"] == "dynamo"}
+    if sh and d.get(0.5) and d.get(3) and d.get(1):
+        b = {r["load"]: r for r in sh}
+        if b.get(0.5) and b.get(3) and b.get(1):
+            out.append(
+                f"- Against Spillway's shed setup on the same ratios: the overload penalty (TTFT p99 "
+                f"3×C ÷ 0.5×C) is {d[3]['ttft_p99'] / d[0.5]['ttft_p99']:.2f}× for Dynamo's thresholds "
+                f"against {b[3]['ttft_p99'] / b[0.5]['ttft_p99']:.2f}×; near capacity (1×C) Dynamo "
+                f"refuses {100 * d[1]['rejected_share']:.0f} % and completes "
+                f"{d[1]['completed_rps'] / cap_rps:.2f} C, Spillway {100 * b[1]['rejected_share']:.0f} % "
+                f"and {b[1]['completed_rps'] / a_c_peer(side):.2f} C. With the same threshold values, "
+                "Dynamo both admits requests that then wait in the engines (the TTFT tail) and refuses work the "
+                "engines could have taken (the goodput gap). That is consistent with a busy flag "
+                "that follows the workers' load less closely than Spillway's (5 ms pushes + tracked "
+                "load); this benchmark does not measure Dynamo's flag itself.")
+    if sh:
+        b = {r["load"]: r for r in sh}
+        if b.get(0.5) and b.get(3):
+            out.append(
+                f"- Spillway, shedding on (from `overload.md`): {b[3]['ttft_p99'] / b[0.5]['ttft_p99']:.2f}× "
+                f"with {100 * b[3]['rejected_share']:.0f} % refused at 3×C, reject p99 "
+                f"{ms(b[3]['reject_p99'])} ms.")
+    hp = side.get("haproxy")
+    if hp:
+        b = {r["load"]: r for r in hp}
+        if b.get(0.5) and b.get(3):
+            out.append(
+                f"- HAProxy (from `overload.md`): {b[3]['ttft_p99'] / b[0.5]['ttft_p99']:.2f}×, "
+                f"{100 * b[3]['rejected_share']:.0f} % refused at 3×C after waiting out its 50 ms "
+                f"`timeout queue` (reject p99 {ms(b[3]['reject_p99'])} ms).")
+    out.append("")
+    return out
+
+
+def a_c_peer(side):
+    return side.get("_c_measured") or 1.0
+
+
+def dynamo_why(a):
+    p, m = a.prompt_tokens, a.max_tokens
+    blocks = a.max_num_seqs * math.ceil((p + m) / a.block_size)
+    out = ["## Why these thresholds", ""]
+    if a.dyn_decode:
+        out.append(
+            f"- `--active-decode-blocks-threshold {a.dyn_decode}`: Spillway's shed setup uses the "
+            f"same 0.9, with the same meaning (busy when active decode blocks / total KV blocks > "
+            f"0.9). The guard against KV-cache exhaustion: this workload peaks at {a.max_num_seqs} × "
+            f"ceil(({p} + {m}) / {a.block_size}) = {blocks} blocks, {100 * blocks / a.kv_blocks:.0f} % of "
+            f"the {a.kv_blocks} blocks, so it does not fire here, for Dynamo as for Spillway. "
+            "Decode-block rejection needs the KV router's worker-load path (`--router-mode kv`); "
+            "`--router-track-output-blocks` counts generated tokens too (Dynamo's docs), and "
+            "`--no-router-assume-kv-reuse` because the mocker runs without a prefix cache, so "
+            "identical prompts must not be counted as shared blocks.")
+    if a.dyn_prefill:
+        out.append(
+            f"- `--active-prefill-tokens-threshold {a.dyn_prefill}`: the same absolute value as "
+            f"Spillway's `active_prefill_tokens_threshold`, with the same rule (busy while more "
+            f"than {a.dyn_prefill} prompt tokens wait for prefill, i.e. more than "
+            f"{int(float(a.dyn_prefill)) // max(p, 1)} of these {p}-token prompts). It paces "
+            "admissions to the engine's prefill rate, which is what keeps TTFT near its low-load "
+            "value under overload. The fractional form (`--active-prefill-tokens-threshold-frac`) "
+            f"would be {float(a.dyn_prefill) / a.max_num_batched_tokens:g} × max-num-batched-tokens "
+            f"({a.max_num_batched_tokens}), the same point.")
+    out.append(
+        "- Not matched: Spillway's shed setup also holds an exact per-worker admission cap "
+        "(engine_request_limit 64 = the batch, queue 2, 5 ms queue timeout). Dynamo's frontend has "
+        "no such cap; its workers have one (`DYN_ENGINE_REQUEST_LIMIT` + "
+        f"`DYN_DYNAMO_REQUEST_QUEUE_LIMIT`, setup `dynamo-cap`, {a.dyn_cap})"
+        + (" — run here too." if "dynamo-cap" in open(a.summary).read() else
+           ", not run by default: `SETUPS=\"dynamo dynamo-cap\" bench/overload/dynamo.sh`."))
+    out.append("- Refusal status: Dynamo answers 529 (`DYN_HTTP_OVERLOAD_STATUS_CODE` unset), as Spillway does.")
+    out.append("")
+    return out
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "dynamo":
+        q = argparse.ArgumentParser(prog="report.py dynamo")
+        for name, kind in (("summary", str), ("capacity", str), ("header", str),
+                           ("spillway-summary", str), ("out-md", str), ("out-json", str)):
+            q.add_argument("--" + name, type=kind, required=True)
+        q.add_argument("--capacity-warmup", type=float, default=8)
+        q.add_argument("--capacity-ticks", type=float, default=0)
+        q.add_argument("--warmup", type=float, required=True)
+        q.add_argument("--duration", type=float, required=True)
+        q.add_argument("--drain", type=float, required=True)
+        q.add_argument("--max-tokens", type=int, default=64)
+        q.add_argument("--prompt-tokens", type=int, default=256)
+        q.add_argument("--kv-blocks", type=int, default=2048)
+        q.add_argument("--block-size", type=int, default=16)
+        q.add_argument("--max-num-seqs", type=int, default=64)
+        q.add_argument("--max-num-batched-tokens", type=int, default=2048)
+        q.add_argument("--speedup", type=float, default=1)
+        q.add_argument("--dyn-decode", default="")
+        q.add_argument("--dyn-prefill", default="")
+        q.add_argument("--dyn-cap", default="")
+        q.add_argument("--clk-tck", type=float, default=100)
+        return dynamo_report(q.parse_args(sys.argv[2:]))
     p = argparse.ArgumentParser()
     sub = p.add_subparsers(dest="cmd", required=True)
     for name in ("capacity", "report"):
@@ -496,6 +943,8 @@ def main():
     r.add_argument("--haproxy-config", required=True)
     r.add_argument("--clk-tck", type=float, default=100)
     r.add_argument("--shed-knobs", default="")
+    r.add_argument("--classes", action="store_true",
+                   help="a class run (run.sh CLASS_MIX): per-class section, per-class plot")
     r.add_argument("--out-md", required=True)
     r.add_argument("--out-png", required=True)
     r.add_argument("--out-json", required=True)
