@@ -196,9 +196,38 @@ def log_problems(path):
 
 SETUP_NAMES = {
     "shed": "Spillway, shedding on",
+    "adaptive": "Spillway, adaptive mode",
     "noshed": "Spillway, shedding off",
     "haproxy": "HAProxy maxconn + queue",
 }
+
+
+def near_capacity_section(by, loads, setups):
+    """Issue 10's near-capacity target: completed req/s at 1×C at least HAProxy's, with the
+    admitted TTFT p99 at the top load at most 1.5× its value at the lowest load."""
+    if 1.0 not in loads or "haproxy" not in setups:
+        return []
+    lo, hi = min(loads), max(loads)
+    hp = by.get(("haproxy", 1.0))
+    md = ["## Near capacity (issue 10)", "",
+          f"Target: completed req/s at 1×C at least HAProxy's ({hp['completed_rps']:.1f}), with "
+          f"admitted TTFT p99 at {hi:g}×C at most 1.5× its {lo:g}×C value.", "",
+          "| setup | completed req/s at 1×C | refused at 1×C | TTFT p99 1×C ms | "
+          f"TTFT p99 {hi:g}×C ÷ {lo:g}×C | target |",
+          "|---|---|---|---|---|---|"]
+    for s in setups:
+        one, base, top = by.get((s, 1.0)), by.get((s, lo)), by.get((s, hi))
+        if not (one and base and top and base["ttft_p99"] and top["ttft_p99"]):
+            continue
+        ratio = top["ttft_p99"] / base["ttft_p99"]
+        held = (one["completed_rps"] >= hp["completed_rps"] and ratio <= 1.5
+                and not top["ttft_bound"])
+        md.append(
+            f"| {SETUP_NAMES[s]} | {one['completed_rps']:.1f} | {100 * one['rejected_share']:.1f} % | "
+            f"{ms(one['ttft_p99'], one['ttft_bound'])} | {ratio:.2f}× | "
+            f"{'holds' if held else 'not met'} |")
+    md.append("")
+    return md
 
 
 def report(a):
@@ -224,7 +253,8 @@ def report(a):
 
     by = {(r["setup"], r["load"]): r for r in rows}
     loads = sorted({r["load"] for r in rows})
-    setups = [s for s in ("shed", "noshed", "haproxy") if any(r["setup"] == s for r in rows)]
+    setups = [s for s in ("shed", "adaptive", "noshed", "haproxy")
+              if any(r["setup"] == s for r in rows)]
 
     md = [open(a.header).read().rstrip(), ""]
     md += [
@@ -322,12 +352,15 @@ def report(a):
             f"{ms(hb['reject_p99'])} ms (every refusal waits out `timeout queue`)."
         )
     md.append("")
+    md += near_capacity_section(by, loads, setups)
 
     md += why_section(a, c_per_engine)
 
     # Configurations.
     md += ["## Configurations", "", "Spillway, shedding on (`spillway-shed.toml`, ports as run):",
            "", "```toml", open(a.shed_config).read().rstrip(), "```", ""]
+    if "adaptive" in setups and a.adaptive_knobs:
+        md += [f"Spillway, adaptive mode: the same file plus `{a.adaptive_knobs}` in the model.", ""]
     if "noshed" in setups:
         md += ["Spillway, shedding off: the same file without `monitor_interval_ms`, the two "
                "thresholds, `load_sources`, `engine_request_limit`, `request_queue_limit` and "
@@ -446,7 +479,7 @@ def plot_classes(a, rows, setups, loads):
             if c not in classes:
                 classes.append(c)
     colors = {"critical": "tab:red", "standard": "tab:blue", "sheddable": "tab:grey"}
-    dashes = {"shed": "-", "noshed": ":", "haproxy": "--"}
+    dashes = {"shed": "-", "adaptive": "-.", "noshed": ":", "haproxy": "--"}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
     for s in setups:
         for i, c in enumerate(classes):
@@ -544,7 +577,8 @@ def plot(a, rows, setups, loads, c_model, cap_tps):
 
     by = {(r["setup"], r["load"]): r for r in rows}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
-    style = {"shed": ("tab:green", "o"), "noshed": ("tab:red", "s"), "haproxy": ("tab:blue", "^")}
+    style = {"shed": ("tab:green", "o"), "adaptive": ("tab:purple", "D"),
+             "noshed": ("tab:red", "s"), "haproxy": ("tab:blue", "^")}
     for s in setups:
         color, marker = style[s]
         xs = [k for k in loads if (s, k) in by and by[(s, k)]["ttft_p99"]]
@@ -894,7 +928,50 @@ def dynamo_why(a):
     return out
 
 
+def isolation_report(a):
+    """Appends to a class run's report how critical requests fared with the other classes
+    present (the mix's loads) and absent (critical alone at its rate in the top load)."""
+    mix = json.load(open(a.mix))["rows"]
+    alone = json.load(open(a.alone))["rows"][0]
+    crit = [(r["load"], r["classes"]["critical"]) for r in mix
+            if "critical" in (r.get("classes") or {})]
+    lo, hi = min(crit, key=lambda x: x[0]), max(crit, key=lambda x: x[0])
+    solo = alone["classes"]["critical"]
+    top_row = max(mix, key=lambda r: r["load"])
+    refused = {c: x["rejected_share"] for c, x in top_row["classes"].items()}
+    p99 = lambda x: x["ttft_p99"] * 1000 if x["ttft_p99"] else float("nan")
+    md = ["", "## Critical requests with and without the other classes (issue 10)", "",
+          f"Critical traffic alone at its rate in the {hi[0]:g}×C mix ({alone['offered_rps']:.1f} "
+          f"req/s, `overload-classes-critical-alone.md`, same configuration), next to the mix.", "",
+          "| critical requests | offered req/s | TTFT p50 ms | TTFT p99 ms | refused |",
+          "|---|---|---|---|---|"]
+    for name, x in ((f"in the mix at {lo[0]:g}×C", lo[1]), (f"in the mix at {hi[0]:g}×C", hi[1]),
+                    ("alone, same rate", solo)):
+        md.append(f"| {name} | {x['offered_rps']:.1f} | {x['ttft_p50'] * 1000:.1f} | "
+                  f"{p99(x):.1f} | {100 * x['rejected_share']:.1f} % |")
+    md += ["",
+           f"- Critical admitted TTFT p99 at {hi[0]:g}×C: {p99(hi[1]):.1f} ms = "
+           f"**{p99(hi[1]) / p99(solo):.2f}×** its value with no other traffic at the same rate "
+           f"(target ≤ 1.2×), **{p99(hi[1]) / p99(lo[1]):.2f}×** its value in the {lo[0]:g}×C mix; "
+           f"refused {100 * hi[1]['rejected_share']:.1f} % (target < 1 %).",
+           "- Refused at " + f"{hi[0]:g}×C by class: " + ", ".join(
+               f"{c} {100 * v:.1f} %" for c, v in refused.items()) + ".",
+           "- The engines' time model makes TTFT grow with the arrival rate they serve (bigger "
+           "batches, longer steps, more prompts prefilled in one step): critical alone at "
+           f"{solo['offered_rps']:.1f} req/s is more than the whole {lo[0]:g}×C mix, so no admission "
+           f"policy can bring critical's p99 at {hi[0]:g}×C down to its {lo[0]:g}×C value; what the "
+           "classes do is keep the other 80 % of the traffic from adding to it.", ""]
+    with open(a.out_md, "a") as f:
+        f.write("\n".join(md))
+    return 0
+
+
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "isolation":
+        q = argparse.ArgumentParser(prog="report.py isolation")
+        for name in ("mix", "alone", "out-md"):
+            q.add_argument("--" + name, required=True)
+        return isolation_report(q.parse_args(sys.argv[2:]))
     if len(sys.argv) > 1 and sys.argv[1] == "dynamo":
         q = argparse.ArgumentParser(prog="report.py dynamo")
         for name, kind in (("summary", str), ("capacity", str), ("header", str),
@@ -941,6 +1018,7 @@ def main():
     r.add_argument("--drain", type=float, required=True)
     r.add_argument("--shed-config", required=True)
     r.add_argument("--haproxy-config", required=True)
+    r.add_argument("--adaptive-knobs", default="")
     r.add_argument("--clk-tck", type=float, default=100)
     r.add_argument("--shed-knobs", default="")
     r.add_argument("--classes", action="store_true",

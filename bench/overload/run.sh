@@ -11,6 +11,8 @@
 #   shed     Spillway with shedding: busy thresholds fed by the engines' pushed load and
 #            the router's tracked load, plus an exact per-worker admission cap
 #            (engine_request_limit N, request_queue_limit Q, request_queue_timeout_ms)
+#   adaptive the shed setup in adaptive mode: the same thresholds, scaled per worker to hold
+#            the admitted requests' mean TTFT at ADAPTIVE_TTFT_MS (bounds ADAPTIVE_MIN/MAX)
 #   noshed   Spillway with no thresholds and no engine limits
 #   haproxy  HAProxy, maxconn N per server, queue bounded by `timeout queue` (503)
 # Runs are interleaved (for each load: shed, noshed, haproxy); every run starts fresh
@@ -56,6 +58,9 @@ MONITOR_MS=${MONITOR_MS:-5}              # how often Spillway folds tracked load
 RESULT_NAME=${RESULT_NAME:-overload}     # bench/results/$RESULT_NAME.md, .png, -summary.json
 HAPROXY_N=${HAPROXY_N:-$SHED_N}
 HAPROXY_QTIMEOUT_MS=${HAPROXY_QTIMEOUT_MS:-50}
+ADAPTIVE_TTFT_MS=${ADAPTIVE_TTFT_MS:-70}  # setup "adaptive": the TTFT target
+ADAPTIVE_MIN=${ADAPTIVE_MIN:-0.25}
+ADAPTIVE_MAX=${ADAPTIVE_MAX:-4}
 CLASS_MIX=${CLASS_MIX:-}                 # NAME:WEIGHT,...; empty: requests carry no class
 CLASS_HEADER=${CLASS_HEADER:-x-spillway-class}
 SHED_EXTRA_TOP=${SHED_EXTRA_TOP:-}       # appended to the shed config's top level
@@ -107,7 +112,9 @@ start_engines() { # [push]
 }
 stop_engines() { stop_pid "$PID_E1"; stop_pid "$PID_E2"; }
 
-spillway_config() { # shed|noshed
+spillway_config() { # shed|adaptive|noshed
+  local shed=$1
+  [[ $1 == adaptive ]] && shed=shed
   cat <<EOF
 listen = "127.0.0.1:$P_PROXY"
 admin_listen = "127.0.0.1:$P_ADMIN"
@@ -115,7 +122,7 @@ cores = 1
 cpus = [$PROXY_CPU]
 monitor_cpu = $PROXY_CPU
 EOF
-  if [[ $1 == shed ]]; then
+  if [[ $shed == shed ]]; then
     echo "monitor_interval_ms = $MONITOR_MS"
     if [[ -n $SHED_EXTRA_TOP ]]; then echo; printf '%s\n' "$SHED_EXTRA_TOP"; fi
   fi
@@ -125,10 +132,15 @@ EOF
 name = "$MODEL"
 router_mode = "least-loaded"
 EOF
-  if [[ $1 == shed ]]; then
+  if [[ $shed == shed ]]; then
     if [[ -n $SHED_PREFILL ]]; then echo "active_prefill_tokens_threshold = $SHED_PREFILL"; fi
     if [[ -n $SHED_DECODE ]]; then echo "active_decode_blocks_threshold = $SHED_DECODE"; fi
     if [[ -n $SHED_EXTRA_TOML ]]; then printf '%s\n' "$SHED_EXTRA_TOML"; fi
+  fi
+  if [[ $1 == adaptive ]]; then
+    echo "adaptive_ttft_ms = $ADAPTIVE_TTFT_MS"
+    echo "adaptive_min_scale = $ADAPTIVE_MIN"
+    echo "adaptive_max_scale = $ADAPTIVE_MAX"
   fi
   local e
   for e in 1 2; do
@@ -139,7 +151,7 @@ EOF
     echo "name = \"e$e\""
     echo "kv_total_blocks = $KV_BLOCKS"
     echo "max_num_batched_tokens = $MAX_NUM_BATCHED_TOKENS"
-    if [[ $1 == shed ]]; then
+    if [[ $shed == shed ]]; then
       echo 'load_sources = ["push", "tracked"]'
       echo "engine_request_limit = $SHED_N"
       echo "request_queue_limit = $SHED_Q"
@@ -178,7 +190,7 @@ PROXY_PID=""
 start_proxy() { # setup
   port_unused "$P_PROXY"
   case $1 in
-    shed | noshed)
+    shed | adaptive | noshed)
       spillway_config "$1" >"$T/spillway-$1.toml"
       "$SPILLWAY" check-config "$T/spillway-$1.toml" >/dev/null 2>"$T/check.err" \
         || { cat "$T/check.err" >&2; die "spillway config invalid"; }
@@ -217,7 +229,7 @@ for k in $LOADS; do
   for setup in $SETUPS; do
     log "load ${k}×C = $rate req/s: $setup"
     tag="$setup-$k"
-    if [[ $setup == shed ]]; then start_engines push; else start_engines; fi
+    if [[ $setup == shed || $setup == adaptive ]]; then start_engines push; else start_engines; fi
     start_proxy "$setup" "$k"
     c0=$(cpu_ticks "$PROXY_PID")
     # The engines' backlog when arrivals stop: what a new request would queue behind.
@@ -271,6 +283,7 @@ cp "$T/spillway-shed.toml" "$T/shed.toml" 2>/dev/null || true
   --capacity-warmup "$CAP_WARMUP" --c-model-per-engine "$C_MODEL_1" --header "$T/header.md" \
   --warmup "$WARMUP" --duration "$DURATION" --drain "$DRAIN" --max-tokens "$MAX_TOKENS" \
   --shed-config "$T/spillway-shed.toml" --haproxy-config "$T/haproxy.cfg" \
+  --adaptive-knobs "adaptive_ttft_ms = $ADAPTIVE_TTFT_MS, adaptive_min_scale = $ADAPTIVE_MIN, adaptive_max_scale = $ADAPTIVE_MAX" \
   --clk-tck "$(getconf CLK_TCK)" ${CLASS_MIX:+--classes} \
   --shed-knobs "N=$SHED_N Q=$SHED_Q QT=$SHED_QTIMEOUT_MS PREFILL=$SHED_PREFILL DECODE=$SHED_DECODE PUSH=$PUSH_MS MONITOR=$MONITOR_MS HAPROXY_QT=$HAPROXY_QTIMEOUT_MS" \
   --out-md "$RESULTS_DIR/$RESULT_NAME.md" --out-png "$RESULTS_DIR/$RESULT_NAME.png" \
