@@ -125,6 +125,9 @@ wait_port() {
 # port_unused PORT: fails when something already listens there (a leftover listener would
 # share an SO_REUSEPORT port silently).
 port_unused() {
+  # A process just stopped may take a moment to let its listener go: wait up to 3 s.
+  local deadline=$((SECONDS + 3))
+  while listening "$1" && ((SECONDS < deadline)); do sleep 0.05; done
   if listening "$1"; then
     die "port $1 is already in use: $(ss -Hltnp "sport = :$1" 2>/dev/null | head -3)"
   fi

@@ -277,6 +277,8 @@ ELAPSED=$((SECONDS - START))
   echo "- Placement: proxy on CPU $PROXY_CPU (Spillway cores=1 cpus=[0] monitor_cpu=0; HAProxy nbthread 1 + cpu-map 1/1 0, all under taskset -c 0); both mock engines and the load generator on CPU $LOAD_CPU."
   echo "- Engines (each): \`spillway mock-engine --kv-blocks $KV_BLOCKS --block-size $BLOCK_SIZE --max-num-seqs $MAX_NUM_SEQS --max-num-batched-tokens $MAX_NUM_BATCHED_TOKENS --prefill-tokens-per-s $PREFILL_TPS --decode-step-ms $STEP_MS --decode-step-per-seq-ms $STEP_PER_SEQ_MS\`; requests: streaming chat completions, prompt $PROMPT_BYTES bytes of messages (≈ $((PROMPT_BYTES / 4)) tokens by the mock's estimate), max_tokens $MAX_TOKENS."
 } >"$T/header.md"
+# A run of the adaptive setup alone shows its file as the shedding configuration.
+[[ -f $T/spillway-shed.toml ]] || cp "$T/spillway-adaptive.toml" "$T/spillway-shed.toml" 2>/dev/null || true
 cp "$T/spillway-shed.toml" "$T/shed.toml" 2>/dev/null || true
 
 "$PY" "$HERE/report.py" report --summary "$SUMMARY" --capacity "$T/runs/capacity.jsonl" \
