@@ -142,24 +142,6 @@ fn occupancy(p: &ServerHandle) -> (f64, f64) {
     )
 }
 
-fn counters_back_to_zero(p: &ServerHandle) {
-    eventually(
-        "every counter back to zero",
-        Duration::from_secs(10),
-        || {
-            let m = metrics(p.admin_addr);
-            [
-                "dynamo_engine_request{worker=\"w\"}",
-                "dynamo_request_queue{worker=\"w\"}",
-                "spillway_worker_inflight_requests{worker=\"w\"}",
-                "dynamo_frontend_inflight_requests{model=\"m\"}",
-            ]
-            .iter()
-            .all(|s| metric_value(&m, s) == Some(0.0))
-        },
-    );
-}
-
 /// N = 1: one request runs (held by the worker) while others queue in a known order and
 /// a random part of them leave. Nothing else may reach the worker while the first runs,
 /// and after it the rest run in arrival order. One round instead lets the rest time out.
@@ -237,7 +219,7 @@ fn a_waiter_that_leaves_frees_a_place_never_a_slot() {
             assert_eq!(log.tags(), order, "not in arrival order");
         }
         assert_eq!(log.max_open.load(Ordering::SeqCst), 1, "round {round}");
-        counters_back_to_zero(&p);
+        counters_back_to_zero(p.admin_addr, "m", "w");
     }
 }
 
@@ -361,7 +343,7 @@ fn the_cap_holds_while_clients_leave_and_time_out() {
         .into_iter()
         .flat_map(|t| t.join().unwrap())
         .collect();
-    counters_back_to_zero(&p);
+    counters_back_to_zero(p.admin_addr, "m", "w");
     stop.store(true, Ordering::SeqCst);
     let (most_running, most_waiting) = sampler.join().unwrap();
     let count = |o: Outcome| results.iter().filter(|r| r.1 == o).count();

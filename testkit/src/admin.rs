@@ -47,6 +47,25 @@ pub fn metric_value(text: &str, series: &str) -> Option<f64> {
         .and_then(|l| l[series.len()..].trim().parse().ok())
 }
 
+/// Waits (up to 10 s) until `worker`'s slots, queue and in-flight count and `model`'s
+/// in-flight count are all back to zero: whatever happened, every slot was given back.
+pub fn counters_back_to_zero(admin: SocketAddr, model: &str, worker: &str) {
+    let series = [
+        format!("dynamo_engine_request{{worker=\"{worker}\"}}"),
+        format!("dynamo_request_queue{{worker=\"{worker}\"}}"),
+        format!("spillway_worker_inflight_requests{{worker=\"{worker}\"}}"),
+        format!("dynamo_frontend_inflight_requests{{model=\"{model}\"}}"),
+    ];
+    crate::wait::eventually(
+        "every counter back to zero",
+        std::time::Duration::from_secs(10),
+        || {
+            let m = metrics(admin);
+            series.iter().all(|s| metric_value(&m, s) == Some(0.0))
+        },
+    );
+}
+
 /// `promtool check metrics` over `text`: the problems it reports (empty when it passes),
 /// or `None` when promtool cannot run (a failure instead under CI, see
 /// [`skip_missing_tool`]).

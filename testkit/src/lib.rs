@@ -18,7 +18,10 @@ pub mod tools;
 pub mod upstream;
 pub mod wait;
 
-pub use admin::{admin_call, admin_get, admin_post, metric_value, metrics, promtool_problems};
+pub use admin::{
+    admin_call, admin_get, admin_post, counters_back_to_zero, metric_value, metrics,
+    promtool_problems,
+};
 pub use client::{Client, Response, chat, get, once, post, spawn_request};
 pub use proxy::{
     ConfigFile, ServerHandle, model, proxy, proxy_file, proxy_with, test_head, worker_name,
