@@ -757,7 +757,7 @@ def dynamo_report(a):
     if peer:
         pc = peer["c_measured"]
         side["_c_measured"] = pc
-        for s in ("shed", "haproxy", "noshed"):
+        for s in ("shed", "adaptive", "haproxy", "noshed"):
             prow = [r for r in peer["rows"] if r["setup"] == s]
             if prow:
                 md.append(ratio_row(SETUP_NAMES[s], prow, pc, peer["c_model"]))
