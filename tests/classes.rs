@@ -9,11 +9,7 @@ use std::time::Duration;
 fn request(class: Option<&str>, tag: &str) -> Vec<u8> {
     let body = format!(r#"{{"model":"m","prompt":"{tag}"}}"#);
     let header = class.map_or(String::new(), |c| format!("x-spillway-class: {c}\r\n"));
-    format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n{header}content-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
+    post_with("/v1/completions", &header, &body)
 }
 
 fn gauge(p: &ServerHandle, series: &str) -> f64 {

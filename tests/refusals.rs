@@ -162,10 +162,6 @@ fn the_class_share_says_why_and_is_counted() {
 }
 
 fn classed(class: &str) -> Vec<u8> {
-    let body = r#"{"model":"m","prompt":"x"}"#;
-    format!(
-        "POST /v1/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\nx-spillway-class: {class}\r\ncontent-length: {}\r\n\r\n{body}",
-        body.len()
-    )
-    .into_bytes()
+    let header = format!("x-spillway-class: {class}\r\n");
+    post_with("/v1/completions", &header, r#"{"model":"m","prompt":"x"}"#)
 }

@@ -194,6 +194,21 @@ def log_problems(path):
     return [l for l in lines if re.search(r"\b(WARN|ERROR)\b|panic|ALERT", l)]
 
 
+def result_cells(name, load, r):
+    """The cells every results table starts with, up to and including `errors`."""
+    rej = f"{100 * r['rejected_share']:.1f} %"
+    if r["reject_statuses"]:
+        rej += " (" + ", ".join(f"{v}×{c}" for c, v in sorted(r["reject_statuses"].items())) + ")"
+    if r["pending_no_status"]:
+        rej += f"; {r['pending_no_status']} still queued at end"
+    return (
+        f"| {name} | {load:g}×C | {r['offered_rps']:.1f} | {r['completed_rps']:.1f} | "
+        f"{r['completed_tps']:.0f} | {r['slo_rps']:.1f} | "
+        f"{ms(r['ttft_p50'], r['ttft_bound'])} | {ms(r['ttft_p99'], r['ttft_bound'])} | "
+        f"{rej} | {ms(r['reject_p99'])} | {r['errors']} |"
+    )
+
+
 SETUP_NAMES = {
     "shed": "Spillway, shedding on",
     "adaptive": "Spillway, adaptive mode",
@@ -289,18 +304,10 @@ def report(a):
             r = by.get((s, k))
             if not r:
                 continue
-            rej = f"{100 * r['rejected_share']:.1f} %"
-            if r["reject_statuses"]:
-                rej += " (" + ", ".join(f"{v}×{c}" for c, v in sorted(r["reject_statuses"].items())) + ")"
-            if r["pending_no_status"]:
-                rej += f"; {r['pending_no_status']} still queued at end"
             md.append(
-                f"| {SETUP_NAMES[s]} | {k:g}×C | {r['offered_rps']:.1f} | {r['completed_rps']:.1f} | "
-                f"{r['completed_tps']:.0f} | {r['slo_rps']:.1f} | "
-                f"{ms(r['ttft_p50'], r['ttft_bound'])} | {ms(r['ttft_p99'], r['ttft_bound'])} | "
-                f"{rej} | {ms(r['reject_p99'])} | {r['errors']} | "
-                f"{'%d + %d' % r['backlog'] if r['backlog'] else '–'} | {100 * r['proxy_cpu']:.0f} % | "
-                f"{100 * r['loadgen_cpu']:.0f} % |"
+                result_cells(SETUP_NAMES[s], k, r)
+                + f" {'%d + %d' % r['backlog'] if r['backlog'] else '–'} | "
+                f"{100 * r['proxy_cpu']:.0f} % | {100 * r['loadgen_cpu']:.0f} % |"
             )
     md.append("")
     if a.classes:
@@ -720,16 +727,8 @@ def dynamo_report(a):
             r = by.get((s, k))
             if not r:
                 continue
-            rej = f"{100 * r['rejected_share']:.1f} %"
-            if r["reject_statuses"]:
-                rej += " (" + ", ".join(f"{v}×{c}" for c, v in sorted(r["reject_statuses"].items())) + ")"
-            if r["pending_no_status"]:
-                rej += f"; {r['pending_no_status']} still queued at end"
             md.append(
-                f"| {DYN_NAMES[s]} | {k:g}×C | {r['offered_rps']:.1f} | {r['completed_rps']:.1f} | "
-                f"{r['completed_tps']:.0f} | {r['slo_rps']:.1f} | "
-                f"{ms(r['ttft_p50'], r['ttft_bound'])} | {ms(r['ttft_p99'], r['ttft_bound'])} | "
-                f"{rej} | {ms(r['reject_p99'])} | {r['errors']} | {100 * r['proxy_cpu']:.0f} % | "
+                result_cells(DYN_NAMES[s], k, r) + f" {100 * r['proxy_cpu']:.0f} % | "
                 f"{1000 * r['proxy_cpu'] / max(r['offered_rps'], 1e-9):.2f} | "
                 f"{100 * r['mocker_cpu']:.0f} % | {100 * r['loadgen_cpu']:.0f} % |")
     md.append("")

@@ -262,48 +262,34 @@ impl ModelMetrics {
         }
     }
 
+    /// One cell summed over the cores.
+    fn total(&self, cell: impl Fn(&ModelCore) -> &AtomicU64) -> u64 {
+        self.cores.iter().map(|c| cell(c).load(Relaxed)).sum()
+    }
+
     pub fn requests(&self, e: Endpoint, t: RequestType, o: Outcome) -> u64 {
         let cell = request_cell(e, t, o);
-        self.cores
-            .iter()
-            .map(|c| c.requests[cell].load(Relaxed))
-            .sum()
+        self.total(|c| &c.requests[cell])
     }
 
     pub fn rejections(&self, e: Endpoint) -> u64 {
-        self.cores
-            .iter()
-            .map(|c| c.rejections[e.index()].load(Relaxed))
-            .sum()
+        self.total(|c| &c.rejections[e.index()])
     }
 
     pub fn migrations(&self, reason: MigrationReason) -> u64 {
-        self.cores
-            .iter()
-            .map(|c| c.migrations[reason as usize].load(Relaxed))
-            .sum()
+        self.total(|c| &c.migrations[reason as usize])
     }
 
     pub fn refusals(&self, knob: Knob, class: Class) -> u64 {
-        let cell = knob.index() * CLASSES + class.index();
-        self.cores
-            .iter()
-            .map(|c| c.refusals[cell].load(Relaxed))
-            .sum()
+        self.total(|c| &c.refusals[knob.index() * CLASSES + class.index()])
     }
 
     pub fn requests_of_class(&self, class: Class) -> u64 {
-        self.cores
-            .iter()
-            .map(|c| c.classes[class.index()].load(Relaxed))
-            .sum()
+        self.total(|c| &c.classes[class.index()])
     }
 
     pub fn inflight(&self) -> u64 {
-        self.cores
-            .iter()
-            .map(|c| c.inflight.load(Relaxed))
-            .sum::<u64>()
+        self.total(|c| &c.inflight)
     }
 }
 

@@ -177,8 +177,13 @@ impl Client {
 
 /// A POST with a JSON body.
 pub fn post(path: &str, body: &str) -> Vec<u8> {
+    post_with(path, "", body)
+}
+
+/// A POST with a JSON body and extra header lines (`name: value\r\n` each).
+pub fn post_with(path: &str, headers: &str, body: &str) -> Vec<u8> {
     format!(
-        "POST {path} HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n{headers}content-length: {}\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()

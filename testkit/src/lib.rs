@@ -22,7 +22,7 @@ pub use admin::{
     admin_call, admin_get, admin_post, counters_back_to_zero, metric_value, metrics,
     promtool_problems,
 };
-pub use client::{Client, Response, chat, get, once, post, spawn_request};
+pub use client::{Client, Response, chat, get, once, post, post_with, spawn_request};
 pub use proxy::{
     ConfigFile, ServerHandle, model, proxy, proxy_file, proxy_with, test_head, worker_name,
 };
