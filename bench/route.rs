@@ -43,6 +43,7 @@ fn pick(core: &Core, snap: &Snapshot, model_idx: usize, now: u64) -> Pick {
             busy: shed && busy.is_busy(Class::Standard, m.id),
             inflight: w.inflight_on(core.id),
             load: busy.load(m.id),
+            ..MemberState::default()
         }
     };
     let n = model.members.len();

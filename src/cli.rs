@@ -7,6 +7,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use spillway::Overrides;
+use spillway::config::{KV_EVENTS, KvOverrides, check_kv_overrides};
 use spillway::route::RouterMode;
 use spillway::shed::Thresholds;
 use spillway_mock::{MockConfig, defaults};
@@ -144,6 +145,29 @@ pub struct Knobs {
     /// [env: DYN_ROUTER_TRACK_OUTPUT_BLOCKS].
     #[arg(long, global = true, num_args = 0..=1, default_missing_value = "true")]
     pub router_track_output_blocks: Option<bool>,
+    /// `kv` routing: 0 picks the cheapest worker, above 0 samples by softmax
+    /// [env: DYN_ROUTER_TEMPERATURE].
+    #[arg(long, global = true)]
+    pub router_temperature: Option<f64>,
+    /// `kv` routing: weight of prefill work in the cost [env: DYN_ROUTER_PREFILL_LOAD_SCALE].
+    #[arg(long, global = true)]
+    pub router_prefill_load_scale: Option<f64>,
+    /// Deprecated name of --router-prefill-load-scale
+    /// [env: DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT].
+    #[arg(long, global = true)]
+    pub router_kv_overlap_score_weight: Option<f64>,
+    /// `kv` routing: tokens per KV block, the prompt's hashing chunk
+    /// [env: DYN_KV_CACHE_BLOCK_SIZE].
+    #[arg(long, global = true)]
+    pub kv_cache_block_size: Option<u32>,
+    /// `kv` routing: seconds a routed prefix is predicted to stay cached
+    /// [env: DYN_ROUTER_TTL_SECS].
+    #[arg(long, global = true)]
+    pub router_ttl_secs: Option<f64>,
+    /// `kv` routing predicts caches from its own decisions (accepted for Dynamo
+    /// compatibility; KV events are never used) [env: DYN_ROUTER_USE_KV_EVENTS=false].
+    #[arg(long, global = true)]
+    pub no_router_kv_events: bool,
 }
 
 fn parse_router_mode(s: &str) -> Result<RouterMode, String> {
@@ -221,6 +245,7 @@ impl Knobs {
                 env,
                 parse_bool,
             )?,
+            kv: self.kv_overrides(env)?,
             overload_status_env: env("DYN_HTTP_OVERLOAD_STATUS_CODE"),
             engine_request_limit: knob(
                 self.engine_request_limit,
@@ -232,6 +257,45 @@ impl Knobs {
             migration_limit: knob(self.migration_limit, "DYN_MIGRATION_LIMIT", env, number)?,
             admin_token_env: env("SPILLWAY_ADMIN_TOKEN"),
         })
+    }
+
+    /// `kv` routing's knobs. The overlap weight is the prefill scale's deprecated name: one
+    /// of the two. KV events can only be off.
+    fn kv_overrides(&self, env: &impl Fn(&str) -> Option<String>) -> Result<KvOverrides, String> {
+        let scale = knob(
+            self.router_prefill_load_scale,
+            "DYN_ROUTER_PREFILL_LOAD_SCALE",
+            env,
+            number,
+        )?;
+        let weight = knob(
+            self.router_kv_overlap_score_weight,
+            "DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT",
+            env,
+            number,
+        )?;
+        let events = knob(None, "DYN_ROUTER_USE_KV_EVENTS", env, parse_bool)?;
+        if events == Some(true) && !self.no_router_kv_events {
+            return Err(format!("DYN_ROUTER_USE_KV_EVENTS=true: {KV_EVENTS}"));
+        }
+        let o = KvOverrides {
+            router_temperature: knob(
+                self.router_temperature,
+                "DYN_ROUTER_TEMPERATURE",
+                env,
+                number,
+            )?,
+            router_prefill_load_scale: scale.or(weight),
+            kv_cache_block_size: knob(
+                self.kv_cache_block_size,
+                "DYN_KV_CACHE_BLOCK_SIZE",
+                env,
+                number,
+            )?,
+            router_ttl_secs: knob(self.router_ttl_secs, "DYN_ROUTER_TTL_SECS", env, number)?,
+        };
+        check_kv_overrides(&o)?;
+        Ok(o)
     }
 }
 
@@ -258,7 +322,8 @@ mod tests {
         assert_eq!(cli.knobs.router_track_output_blocks, Some(true));
         let cli = Cli::try_parse_from(["spillway", "check-config", "f.toml"]).unwrap();
         assert!(matches!(cli.command, Some(Command::CheckConfig { .. })));
-        assert!(Cli::try_parse_from(["spillway", "--router-mode", "kv"]).is_err());
+        assert!(Cli::try_parse_from(["spillway", "--router-mode", "kv"]).is_ok());
+        assert!(Cli::try_parse_from(["spillway", "--router-mode", "kv-ish"]).is_err());
     }
 
     #[test]
@@ -346,6 +411,51 @@ mod tests {
         assert_eq!(o.request_queue_limit, Some(4));
         let err = with_env(&[("DYN_ENGINE_REQUEST_LIMIT", "lots")]).unwrap_err();
         assert!(err.starts_with("DYN_ENGINE_REQUEST_LIMIT=lots: "), "{err}");
+    }
+
+    #[test]
+    fn dynamo_kv_flags_and_env() {
+        let cli = Cli::try_parse_from([
+            "spillway",
+            "--router-mode",
+            "kv",
+            "--router-temperature",
+            "0.5",
+            "--kv-cache-block-size",
+            "32",
+            "--no-router-kv-events",
+        ])
+        .unwrap();
+        let o = cli.knobs.overrides(|_| None).unwrap();
+        assert_eq!(o.router_mode, Some(RouterMode::Kv));
+        assert_eq!(o.kv.router_temperature, Some(0.5));
+        assert_eq!(o.kv.kv_cache_block_size, Some(32));
+        let o = with_env(&[
+            ("DYN_ROUTER_MODE", "kv"),
+            ("DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT", "2"),
+            ("DYN_ROUTER_TTL_SECS", "30"),
+            ("DYN_ROUTER_USE_KV_EVENTS", "false"),
+            ("DYN_ROUTER_TEMPERATURE", "None"),
+        ])
+        .unwrap();
+        assert_eq!(o.kv.router_prefill_load_scale, Some(2.0));
+        assert_eq!(o.kv.router_ttl_secs, Some(30.0));
+        assert_eq!(o.kv.router_temperature, None);
+        let bad = [
+            ("DYN_ROUTER_USE_KV_EVENTS", "true", "KV events"),
+            ("DYN_ROUTER_TEMPERATURE", "-1", "at least 0"),
+            ("DYN_KV_CACHE_BLOCK_SIZE", "0", "between 1 and 256"),
+            ("DYN_ROUTER_TTL_SECS", "0", "greater than 0"),
+            (
+                "DYN_ROUTER_PREFILL_LOAD_SCALE",
+                "much",
+                "DYN_ROUTER_PREFILL_LOAD_SCALE=much",
+            ),
+        ];
+        for (var, value, says) in bad {
+            let err = with_env(&[(var, value)]).unwrap_err();
+            assert!(err.contains(says), "{var}={value}: {err}");
+        }
     }
 
     #[test]

@@ -50,12 +50,8 @@ fn read_message(s: &mut TcpStream, buf: &mut [u8]) -> Option<usize> {
     }
 }
 
-#[test]
-fn steady_state_proxying_allocates_nothing() {
-    assert_eq!(
-        REQUEST.len() - REQUEST.windows(4).position(|w| w == b"\r\n\r\n").unwrap() - 4,
-        72
-    );
+/// A fake worker on port 0 that answers every request with `RESPONSE`.
+fn worker() -> String {
     let worker = TcpListener::bind("127.0.0.1:0").unwrap();
     let worker_url = format!("http://{}", worker.local_addr().unwrap());
     std::thread::spawn(move || {
@@ -63,7 +59,7 @@ fn steady_state_proxying_allocates_nothing() {
             std::thread::spawn(move || {
                 let mut s = s;
                 let _ = s.set_nodelay(true);
-                let mut buf = [0u8; 4096];
+                let mut buf = [0u8; 16384];
                 while read_message(&mut s, &mut buf).is_some() {
                     if s.write_all(RESPONSE).is_err() {
                         return;
@@ -72,12 +68,27 @@ fn steady_state_proxying_allocates_nothing() {
             });
         }
     });
-    let p = proxy(1, &model("m", "", &[worker_url]));
+    worker_url
+}
+
+/// The allocation count is process-wide: one measurement at a time.
+static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Heap allocations while a proxy in front of `workers` fake workers, configured by
+/// `model_toml` (given their URLs), serves `requests` in turn 5,000 times, after a warm-up.
+fn allocations_per_steady_run(
+    workers: usize,
+    model_toml: impl Fn(&[String]) -> String,
+    requests: &[Vec<u8>],
+) -> u64 {
+    let _one_at_a_time = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
+    let urls: Vec<String> = (0..workers).map(|_| worker()).collect();
+    let p = proxy(1, &model_toml(&urls));
     let mut client = TcpStream::connect(p.data_addr).unwrap();
     client.set_nodelay(true).unwrap();
     let mut buf = [0u8; 4096];
-    let mut round = |client: &mut TcpStream| {
-        client.write_all(REQUEST).unwrap();
+    let mut round = |client: &mut TcpStream, request: &[u8]| {
+        client.write_all(request).unwrap();
         let n = read_message(client, &mut buf).unwrap();
         assert!(
             buf[..n].starts_with(b"HTTP/1.1 200 OK\r\n"),
@@ -85,18 +96,46 @@ fn steady_state_proxying_allocates_nothing() {
             String::from_utf8_lossy(&buf[..n])
         );
     };
-    for _ in 0..500 {
-        round(&mut client);
+    for i in 0..500 {
+        round(&mut client, &requests[i % requests.len()]);
     }
     let before = allocations();
     assert!(before > 0, "the counting allocator is not installed");
-    const N: u64 = 5_000;
-    for _ in 0..N {
-        round(&mut client);
+    for i in 0..5_000 {
+        round(&mut client, &requests[i % requests.len()]);
     }
-    let allocations = allocations() - before;
+    allocations() - before
+}
+
+#[test]
+fn steady_state_proxying_allocates_nothing() {
     assert_eq!(
-        allocations, 0,
-        "{allocations} heap allocations over {N} proxied requests"
+        REQUEST.len() - REQUEST.windows(4).position(|w| w == b"\r\n\r\n").unwrap() - 4,
+        72
     );
+    let n = allocations_per_steady_run(1, |urls| model("m", "", urls), &[REQUEST.to_vec()]);
+    assert_eq!(n, 0, "{n} heap allocations over 5,000 proxied requests");
+}
+
+/// `kv` mode: every request's prompt (a shared system prompt, then one of four
+/// conversations) is hashed, looked up in the predicted-cache index and recorded there.
+#[test]
+fn kv_routing_allocates_nothing() {
+    let system = "You are a helpful assistant. ".repeat(40);
+    let requests: Vec<Vec<u8>> = (0..4)
+        .map(|k| {
+            let body = format!(
+                r#"{{"model":"m","messages":[{{"role":"system","content":"{system}"}},{{"role":"user","content":"conversation {k}: {}"}}]}}"#,
+                "tell me more. ".repeat(20 + k)
+            );
+            format!(
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: spillway\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .into_bytes()
+        })
+        .collect();
+    let kv = |urls: &[String]| model("m", "router_mode = \"kv\"", urls);
+    let n = allocations_per_steady_run(3, kv, &requests);
+    assert_eq!(n, 0, "{n} heap allocations over 5,000 kv-routed requests");
 }

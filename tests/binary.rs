@@ -321,3 +321,51 @@ fn dynamo_flags_and_env_vars_configure_every_model() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("models[0].router_mode (line 3)"), "{err}");
 }
+
+/// Dynamo's `kv` settings, as its deployments carry them, start and route; a value that
+/// cannot be used fails with the variable's name.
+#[test]
+fn dynamo_kv_router_settings_start_and_route() {
+    let up = echo_upstream("a");
+    let file = ConfigFile::new(&format!("{}{}", test_head(1), model("m", "", &[up.url()])));
+    let env = [
+        ("DYN_ROUTER_MODE", "kv"),
+        ("DYN_ROUTER_TEMPERATURE", "0.0"),
+        ("DYN_ROUTER_KV_OVERLAP_SCORE_WEIGHT", "1.5"),
+        ("DYN_KV_CACHE_BLOCK_SIZE", "32"),
+        ("DYN_ROUTER_TTL_SECS", "60"),
+        ("DYN_ROUTER_USE_KV_EVENTS", "false"),
+    ];
+    let out = Command::new(BIN)
+        .args(["check-config", file.path.to_str().unwrap()])
+        .envs(env)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let effective: toml::Value = toml::from_str(&String::from_utf8(out.stdout).unwrap()).unwrap();
+    let m = &effective["models"][0];
+    assert_eq!(m["router_mode"].as_str(), Some("kv"));
+    assert_eq!(m["kv"]["router_prefill_load_scale"].as_float(), Some(1.5));
+    assert_eq!(m["kv"]["kv_cache_block_size"].as_integer(), Some(32));
+    let p = Proc::start(&file, &env);
+    let r = once(p.data, &chat("m"));
+    assert_eq!(r.status, 200, "{}", r.text());
+
+    for (var, value) in [
+        ("DYN_ROUTER_MODE", "kv-aware"),
+        ("DYN_ROUTER_USE_KV_EVENTS", "true"),
+    ] {
+        let out = Command::new(BIN)
+            .args(["check-config", file.path.to_str().unwrap()])
+            .env(var, value)
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{var}={value}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(&format!("{var}={value}")), "{err}");
+    }
+}

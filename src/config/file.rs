@@ -72,6 +72,14 @@ pub struct FileLimits {
 pub struct FileModel {
     pub name: Spanned<String>,
     pub router_mode: Option<Spanned<String>>,
+    pub router_temperature: Option<Spanned<f64>>,
+    pub router_prefill_load_scale: Option<Spanned<f64>>,
+    /// Dynamo's deprecated name of `router_prefill_load_scale`.
+    pub router_kv_overlap_score_weight: Option<Spanned<f64>>,
+    pub kv_cache_block_size: Option<Spanned<u32>>,
+    pub router_ttl_secs: Option<Spanned<f64>>,
+    /// Only `false` is accepted: predicted state is what `kv` routing uses.
+    pub router_use_kv_events: Option<Spanned<bool>>,
     pub active_decode_blocks_threshold: Option<Spanned<f64>>,
     pub active_prefill_tokens_threshold: Option<u64>,
     pub active_prefill_tokens_threshold_frac: Option<Spanned<f64>>,

@@ -6,6 +6,7 @@
 pub mod addr;
 mod classes;
 pub mod file;
+mod kv;
 mod validate;
 mod workers;
 
@@ -14,11 +15,12 @@ use std::path::{Path, PathBuf};
 use serde::Serialize;
 
 use crate::http::Limits;
-use crate::route::RouterMode;
+use crate::route::{KvSettings, RouterMode};
 use crate::shed::{Adaptive, Class, Thresholds};
 pub use addr::{Addrs, HostPort, WorkerAddrs, parse_http_url};
 pub use classes::{ClassSettings, Classes, DEFAULT_CLASS_HEADER};
 use file::FileConfig;
+pub use kv::{KV_EVENTS, KvOverrides, MAX_KV_BLOCK_SIZE, check_overrides as check_kv_overrides};
 
 /// The documented example (tuning/spillway.toml), kept valid by the tests.
 pub const EXAMPLE_CONFIG: &str = include_str!("../../tuning/spillway.toml");
@@ -76,6 +78,8 @@ pub struct LoadSources {
 pub struct Overrides {
     pub thresholds: Thresholds,
     pub router_mode: Option<RouterMode>,
+    /// `kv` routing's knobs (`--router-temperature`, ...).
+    pub kv: KvOverrides,
     pub track_output_blocks: Option<bool>,
     /// Raw `DYN_HTTP_OVERLOAD_STATUS_CODE`, read once at start; overrides the file.
     pub overload_status_env: Option<String>,
@@ -136,6 +140,8 @@ pub struct Config {
 pub struct ModelConfig {
     pub name: String,
     pub router_mode: RouterMode,
+    /// `kv` routing's settings (used in that mode; Dynamo's defaults otherwise).
+    pub kv: KvSettings,
     pub thresholds: Thresholds,
     pub track_output_blocks: bool,
     /// The class of this model's requests that name none (`classes.default` if unset).

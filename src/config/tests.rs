@@ -1,4 +1,5 @@
 use super::*;
+use crate::config::KvOverrides;
 
 fn parse(text: &str) -> Result<Config, ConfigError> {
     Config::parse(text, &Overrides::default())
@@ -35,8 +36,28 @@ fn errors_name_key_and_line() {
         ),
         ("listen = \"nope\"\n", "listen (line 1)"),
         (
-            "[[models]]\nname = \"m\"\nrouter_mode = \"kv\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
-            "models[0].router_mode (line 3): unknown router mode `kv`",
+            "[[models]]\nname = \"m\"\nrouter_mode = \"kv-cache\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
+            "models[0].router_mode (line 3): unknown router mode `kv-cache` (expected one of: round-robin, random, power-of-two, least-loaded, direct, kv)",
+        ),
+        (
+            "[[models]]\nname = \"m\"\nrouter_mode = \"kv\"\nrouter_temperature = -0.5\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
+            "models[0].router_temperature (line 4): must be a number of at least 0",
+        ),
+        (
+            "[[models]]\nname = \"m\"\nkv_cache_block_size = 512\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
+            "models[0].kv_cache_block_size (line 3): must be between 1 and 256",
+        ),
+        (
+            "[[models]]\nname = \"m\"\nrouter_ttl_secs = 0.0\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
+            "models[0].router_ttl_secs (line 3): must be greater than 0",
+        ),
+        (
+            "[[models]]\nname = \"m\"\nrouter_prefill_load_scale = 1.0\nrouter_kv_overlap_score_weight = 2.0\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
+            "models[0].router_kv_overlap_score_weight (line 4): is the deprecated name of router_prefill_load_scale",
+        ),
+        (
+            "[[models]]\nname = \"m\"\nrouter_use_kv_events = true\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
+            "models[0].router_use_kv_events (line 3): Spillway does not subscribe to KV events",
         ),
         (
             "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"https://127.0.0.1:1\"\n",
@@ -155,4 +176,28 @@ fn validation_resolves_nothing() {
     );
     assert_eq!(w.name, "no-such-host.invalid:9");
     assert!(Addrs::literals(&c).is_none());
+}
+
+#[test]
+fn kv_settings_file_over_flags_over_dynamo_defaults() {
+    let plain = parse("[[models]]\nname = \"m\"\nrouter_mode = \"kv\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n").unwrap();
+    assert_eq!(plain.models[0].router_mode, RouterMode::Kv);
+    assert_eq!(plain.models[0].kv, crate::route::KvSettings::default());
+    let o = Overrides {
+        kv: KvOverrides {
+            router_temperature: Some(0.3),
+            kv_cache_block_size: Some(64),
+            ..KvOverrides::default()
+        },
+        ..Overrides::default()
+    };
+    let text = "[[models]]\nname = \"m\"\nrouter_mode = \"kv\"\nkv_cache_block_size = 32\nrouter_kv_overlap_score_weight = 2.5\nrouter_use_kv_events = false\nrouter_ttl_secs = 30\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n";
+    let kv = Config::parse(text, &o).unwrap().models[0].kv;
+    assert_eq!(kv.router_temperature, 0.3, "from the flag");
+    assert_eq!(kv.kv_cache_block_size, 32, "the file wins");
+    assert_eq!(
+        kv.router_prefill_load_scale, 2.5,
+        "the deprecated name still works"
+    );
+    assert_eq!(kv.router_ttl_secs, 30.0);
 }

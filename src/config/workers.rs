@@ -108,6 +108,7 @@ impl Validator<'_> {
             None => o.router_mode.unwrap_or(RouterMode::RoundRobin),
         };
         let thresholds = self.thresholds(&key, m, o)?;
+        let kv = self.kv(&key, m, &o.kv)?;
         if m.workers.is_empty() {
             return self.err(
                 key("workers"),
@@ -131,6 +132,7 @@ impl Validator<'_> {
         Ok(ModelConfig {
             name,
             router_mode,
+            kv,
             thresholds,
             track_output_blocks: m
                 .track_output_blocks

@@ -4,6 +4,7 @@
 //! `spillway_`. Nothing here runs on a core.
 
 mod families;
+mod kv;
 mod process;
 
 use families::{Families, histogram, labels};
@@ -28,6 +29,7 @@ pub fn render(control: &Control) -> Vec<u8> {
     latencies(&mut f, &snap);
     worker_load(&mut f, control, &snap, clock::now_ms());
     admission(&mut f, &snap);
+    kv::families(&mut f, &snap, clock::now_ms());
     process::families(&mut f, control, &snap, clock::now_ms());
     f.encode()
 }

@@ -116,6 +116,39 @@ impl WorkerLoad {
     }
 }
 
+impl WorkerLoad {
+    /// What the engine itself reported for a rank (fresh push or scrape, without the
+    /// router's tracked load): (active prefill tokens, active decode blocks).
+    pub fn reported(
+        &self,
+        rank: usize,
+        cfg: &WorkerConfig,
+        now: u64,
+        staleness: u64,
+    ) -> (u64, u64) {
+        let Some(r) = self.ranks.get(rank) else {
+            return (0, 0);
+        };
+        let fresh = |t| Signals::fresh(t, now, staleness);
+        let scrape = |t| {
+            if cfg.load_sources.scrape {
+                fresh(t)
+            } else {
+                None
+            }
+        };
+        let prefill = max_opt([
+            fresh(r.push.active_prefill_tokens),
+            scrape(r.scrape.active_prefill_tokens),
+        ]);
+        let decode = max_opt([
+            fresh(r.push.active_decode_blocks),
+            scrape(r.scrape.active_decode_blocks),
+        ]);
+        (prefill.unwrap_or(0), decode.unwrap_or(0))
+    }
+}
+
 /// A worker id in a load event: the configured name, or a number matched against names.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]

@@ -20,7 +20,7 @@ use load::{Latches, LoadTable, Timed};
 pub use report::{RankReport, WorkerReport};
 
 use crate::shed::Thresholds;
-use crate::state::{BusySet, Shared, Snapshot};
+use crate::state::{BusySet, KvLoad, Shared, Snapshot};
 
 /// The monitor's state: load from every source, effective thresholds, decode latches, and
 /// the last published busy set.
@@ -111,6 +111,7 @@ impl Monitor {
     /// Re-evaluates the busy rule and, when the set changed, publishes it to every core's
     /// replica before returning. Returns whether it published.
     pub fn publish(&mut self, shared: &Shared, snap: &Snapshot, now: u64) -> bool {
+        self.publish_loads(snap, now);
         load::evaluate(
             snap,
             &self.table,
@@ -132,6 +133,25 @@ impl Monitor {
         self.published = next;
         self.publishes += 1;
         true
+    }
+
+    /// Stores in each worker's shared state, where `kv` routing reads it, the load its
+    /// engine reported (summed over ranks) and the router's tracked load as folded now
+    /// (see [`crate::state::worker::WorkerState::kv_load`]): atomics, so a load that
+    /// changes every interval costs no publication.
+    fn publish_loads(&self, snap: &Snapshot, now: u64) {
+        let staleness = snap.config.load_staleness_ms;
+        for w in snap.workers.iter() {
+            let mut engine = KvLoad::default();
+            if let Some(load) = self.table.workers.get(&w.state.slot) {
+                for r in 0..load.dp_size(&w.cfg) {
+                    let (prefill, decode) = load.reported(r, &w.cfg, now, staleness);
+                    engine.prefill_tokens += prefill;
+                    engine.decode_blocks += decode;
+                }
+            }
+            w.state.publish_load(engine);
+        }
     }
 
     /// Busy members of a model in the published set (for the model's default class).

@@ -10,6 +10,7 @@ use arc_swap::ArcSwap;
 
 use super::pool::Pools;
 use crate::route::Rng;
+use crate::route::prefix::MAX_CHUNKS;
 use crate::shed::Knob;
 use crate::state::{BusySet, CoreCounters, Shared, Snapshot};
 
@@ -35,6 +36,8 @@ pub struct CoreCtx {
     pub active_requests: Cell<usize>,
     request_seq: Cell<u64>,
     request_salt: u64,
+    /// `kv` routing's scratch: the chunk hashes of the request being routed.
+    pub kv_hashes: RefCell<Box<[u64]>>,
     /// Process-clock ms of the last refusal logged per knob (refusal logs are rate-limited).
     refusal_logged_ms: [Cell<u64>; Knob::ALL.len()],
 }
@@ -67,6 +70,7 @@ impl CoreCtx {
             request_seq: Cell::new(0),
             request_salt: Rng::new(seed ^ 0xdead_beef).next_u64(),
             refusal_logged_ms: std::array::from_fn(|_| Cell::new(0)),
+            kv_hashes: RefCell::new(vec![0; MAX_CHUNKS].into_boxed_slice()),
             shared,
         }
     }

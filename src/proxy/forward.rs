@@ -152,7 +152,12 @@ async fn exchange<F: Future<Output = ReadDone>>(
     let mut tries = Tries::default();
     loop {
         let now = clock::now_ms();
-        let pos = match pick(ctx, req, worker_id.get(), tries.excluded, now) {
+        // The body follows the head in `out` (see `detach`): the prompt lies within it.
+        let body_at = c.io.out.len().saturating_sub(req.body.len());
+        let prompt = (c.io.out)
+            .get(body_at + req.prompt.start..body_at + req.prompt.end)
+            .unwrap_or_default();
+        let pos = match pick(ctx, req, worker_id.get(), prompt, tries.excluded, now) {
             Ok(p) => p,
             // Refused by every worker tried, and nothing left: say why they refused.
             Err(RequestError::Overloaded(_) | RequestError::WorkerOverloaded(..))

@@ -5,9 +5,13 @@
 use super::core::CoreCtx;
 use super::error::{Refusal, RequestError};
 use super::request::Outbound;
+use crate::route::cache::MAX_MEMBERS;
+use crate::route::prefix::{chunk_bytes, prompt_hashes};
 use crate::route::{self, DirectRefusal, MemberState, Pick, RouterMode};
+use crate::runtime::clock;
 use crate::shed::{Class, Why};
-use crate::state::{BusySet, Model};
+use crate::state::counters::{KV_HIT_BUCKETS, OVERHEAD_BUCKETS};
+use crate::state::{BusySet, KvRouting, Model};
 
 /// Members this request must not use again: `failed` (connect failures, like down) and
 /// `refused` (worker-local refusals, like busy). Bit i is member i; pools beyond 128
@@ -32,11 +36,13 @@ impl Excluded {
     }
 }
 
-/// Picks a member: its position in the model's list.
+/// Picks a member: its position in the model's list. `prompt` is the request's prompt
+/// value (`kv` mode hashes it).
 pub(super) fn pick(
     ctx: &CoreCtx,
     req: &Outbound<'_>,
     worker_id: Option<&[u8]>,
+    prompt: &[u8],
     ex: Excluded,
     now: u64,
 ) -> Result<usize, RequestError> {
@@ -44,17 +50,24 @@ pub(super) fn pick(
     let mut cache = ctx.busy.borrow_mut();
     let busy = cache.load();
     let shed = busy.enabled(model.id);
+    let kv_mode = model.kv.is_some();
     let state = |i: usize| {
         let m = model.members[i];
         let w = &snap.workers[m.worker as usize].state;
-        MemberState {
+        let mut s = MemberState {
             unreachable: w.is_down(now) || ex.failed & bit(i) != 0,
             busy: (shed && busy.is_busy(class, m.id))
                 || w.is_overloaded(now)
                 || ex.refused & bit(i) != 0,
             inflight: w.inflight_on(ctx.id),
             load: busy.load(m.id),
+            ..MemberState::default()
+        };
+        if kv_mode {
+            let load = w.kv_load(ctx.id);
+            (s.prefill_tokens, s.decode_blocks) = (load.prefill_tokens, load.decode_blocks);
         }
+        s
     };
     let n = model.members.len();
     if model.router_mode == RouterMode::Direct {
@@ -73,15 +86,20 @@ pub(super) fn pick(
             DirectRefusal::Unreachable => RequestError::Unavailable,
         });
     }
-    let mut rr = ctx.rr(model.id);
-    let picked = route::pick(
-        model.router_mode,
-        n,
-        state,
-        &mut rr,
-        &mut ctx.rng.borrow_mut(),
-    );
-    ctx.set_rr(model.id, rr);
+    let picked = if let Some(kv) = model.kv.as_deref() {
+        pick_kv(ctx, req, kv, prompt, state, now)
+    } else {
+        let mut rr = ctx.rr(model.id);
+        let picked = route::pick(
+            model.router_mode,
+            n,
+            state,
+            &mut rr,
+            &mut ctx.rng.borrow_mut(),
+        );
+        ctx.set_rr(model.id, rr);
+        picked
+    };
     match picked {
         Pick::Member(i) => Ok(i),
         // Nothing busy by the published set: what excluded the rest were worker-local
@@ -93,6 +111,58 @@ pub(super) fn pick(
         Pick::Overloaded => Err(RequestError::Overloaded(least_busy(model, busy, class))),
         Pick::Unavailable => Err(RequestError::Unavailable),
     }
+}
+
+/// `kv` mode: hash the prompt's chunks, look up each candidate's predicted overlap, pick
+/// by cost, and record the prediction that the chosen member now holds the prefix.
+fn pick_kv(
+    ctx: &CoreCtx,
+    req: &Outbound<'_>,
+    kv: &KvRouting,
+    prompt: &[u8],
+    state: impl Fn(usize) -> MemberState,
+    now: u64,
+) -> Pick {
+    let started = clock::now();
+    let n = req.model.members.len();
+    let mut scratch = ctx.kv_hashes.borrow_mut();
+    let block_size = kv.settings.kv_cache_block_size;
+    let chunks = prompt_hashes(prompt, chunk_bytes(block_size), &mut scratch);
+    let hashes = &scratch[..chunks];
+    let candidates = (0..n.min(MAX_MEMBERS))
+        .filter(|&i| {
+            let s = state(i);
+            !s.unreachable && !s.busy
+        })
+        .fold(0u64, |m, i| m | 1 << i);
+    let mut overlaps = [0u32; MAX_MEMBERS];
+    kv.cache.overlaps(hashes, candidates, now, &mut overlaps);
+    let overlap = |i: usize| overlaps.get(i).copied().unwrap_or(0);
+    let blocks = req.prompt_tokens.div_ceil(u64::from(block_size.max(1)));
+    let picked = route::pick_kv(
+        n,
+        &state,
+        overlap,
+        blocks,
+        &kv.settings,
+        &mut ctx.rng.borrow_mut(),
+    );
+    if let Pick::Member(i) = picked {
+        let recorded = kv.cache.record(hashes, i, now);
+        let cells = &req.model.metrics.cores[ctx.id];
+        let hit = if blocks == 0 {
+            0.0
+        } else {
+            f64::from(overlap(i)) / blocks as f64
+        };
+        cells.kv_hit_rate.observe(&KV_HIT_BUCKETS, hit);
+        cells.kv_recorded(recorded.added, recorded.evicted);
+        let worker = &req.snap.workers[req.model.members[i].worker as usize].state;
+        worker.kv_hit(ctx.id, u64::from(overlap(i)), blocks);
+        let secs = clock::since(started).as_secs_f64();
+        cells.router_overhead.observe(&OVERHEAD_BUCKETS, secs);
+    }
+    picked
 }
 
 /// Why the least busy busy member of `model` is busy for `class` (the one closest to its

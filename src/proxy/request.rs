@@ -31,6 +31,8 @@ pub(super) struct Outbound<'a> {
     pub request_type: RequestType,
     pub class: Class,
     pub prompt_tokens: u64,
+    /// The prompt value (`messages`, `prompt` or `input`) within the body.
+    pub prompt: Range<usize>,
     /// The de-chunked body within the client buffer.
     pub body: Range<usize>,
     /// Bytes of this request (head and raw body) at the start of the client buffer.
@@ -42,12 +44,21 @@ pub(super) struct Outbound<'a> {
     pub started: Instant,
 }
 
-/// The model a body names (404 when unknown), whether it streams, and its prompt size.
+/// What routing needs from a body.
+struct Found<'s> {
+    model: &'s Model,
+    request_type: RequestType,
+    prompt_tokens: u64,
+    prompt: Range<usize>,
+}
+
+/// The model a body names (404 when unknown), whether it streams, its prompt's size and
+/// where the prompt is.
 fn find_model<'s>(
     snap: &'s Snapshot,
     body: &[u8],
     scratch: &mut Vec<u8>,
-) -> Result<(&'s Model, RequestType, u64), RequestError> {
+) -> Result<Found<'s>, RequestError> {
     let p = peek(body).map_err(RequestError::BadBody)?;
     let name = p.model.ok_or(RequestError::MissingModel)?;
     let name = name.decoded(scratch).map_err(RequestError::BadBody)?;
@@ -57,10 +68,23 @@ fn find_model<'s>(
     } else {
         RequestType::Unary
     };
-    Ok((model, request_type, (p.prompt_bytes as u64).div_ceil(4)))
+    let (start, end) = p.prompt.unwrap_or_default();
+    Ok(Found {
+        model,
+        request_type,
+        prompt_tokens: (p.prompt_bytes as u64).div_ceil(4),
+        prompt: start..end,
+    })
 }
 
 impl Conn {
+    /// The class the request's header names, else the model's (an unknown value is no
+    /// error).
+    fn class_of(&self, buf: &[u8], snap: &Snapshot, model: &Model) -> Class {
+        let header = self.head.headers.find(buf, &snap.config.classes.header);
+        header.and_then(Class::parse).unwrap_or(model.class)
+    }
+
     /// Returns whether the connection stays open.
     pub(super) async fn proxy<F: Future<Output = ReadDone>>(
         &mut self,
@@ -83,7 +107,7 @@ impl Conn {
             &mut self.scratch,
         );
         let keep = self.head.keep_alive;
-        let (model, request_type, prompt_tokens) = match found {
+        let found = match found {
             Ok(found) => found,
             Err(e) => {
                 add(&self.ctx.counters().bad_requests, 1);
@@ -91,19 +115,15 @@ impl Conn {
                 return self.answer(e, keep, true).await;
             }
         };
-        // The header's class if it names one, else the model's (an unknown value is no error).
-        let header = self
-            .head
-            .headers
-            .find(reader.buf(), &snap.config.classes.header);
-        self.class = header.and_then(Class::parse).unwrap_or(model.class);
+        self.class = self.class_of(reader.buf(), &snap, found.model);
         let req = Outbound {
             snap: &snap,
-            model,
+            model: found.model,
             endpoint,
-            request_type,
+            request_type: found.request_type,
             class: self.class,
-            prompt_tokens,
+            prompt_tokens: found.prompt_tokens,
+            prompt: found.prompt,
             body: body.range,
             request_end: body.request_end,
             worker_id: self

@@ -111,6 +111,9 @@ pub struct RequestPeek<'a> {
     pub stream: bool,
     /// Bytes of the `messages`, `prompt` or `input` value: the prompt-size estimate's input.
     pub prompt_bytes: usize,
+    /// Where the first of those values lies in the body (start, end): what `kv` routing
+    /// hashes ([`prompt_parts`]).
+    pub prompt: Option<(usize, usize)>,
     /// `max_completion_tokens`, else `max_tokens`, when a non-negative integer.
     pub max_tokens: Option<u64>,
 }
@@ -323,7 +326,10 @@ pub fn peek(body: &[u8]) -> Result<RequestPeek<'_>, PeekError> {
                 (Key::Model, Value::Str(m)) => out.model = Some(m),
                 (Key::Model, _) => return Err(PeekError::ModelNotString),
                 (Key::Stream, Value::Scalar(v)) => out.stream = v == b"true",
-                (Key::Prompt, _) => out.prompt_bytes += s.pos - start,
+                (Key::Prompt, _) => {
+                    out.prompt_bytes += s.pos - start;
+                    out.prompt.get_or_insert((start, s.pos));
+                }
                 (Key::MaxTokens, Value::Scalar(v)) => out.max_tokens = parse_u64(v),
                 (Key::MaxCompletionTokens, Value::Scalar(v)) => max_completion = parse_u64(v),
                 _ => {}
@@ -345,6 +351,80 @@ pub fn peek(body: &[u8]) -> Result<RequestPeek<'_>, PeekError> {
     }
     out.max_tokens = max_completion.or(out.max_tokens);
     Ok(out)
+}
+
+/// Feeds the parts of a prompt value that make its identity to `out`, in order, without
+/// allocating: for a `messages` array, each message's `role` and `content` (raw JSON
+/// text: a string's contents as sent, escapes and all, or a structured content's whole
+/// text), each followed by a separator byte; for any other value (a `prompt` string or
+/// array, an `input`), its raw text. Two prompts that share a leading part (a system
+/// prompt, a conversation's history) feed the same leading bytes. `value` is a span found
+/// by [`peek`], so it is well formed.
+pub fn prompt_parts(value: &[u8], mut out: impl FnMut(&[u8])) {
+    let mut s = Scanner { buf: value, pos: 0 };
+    let walked = s.peek() == Some(b'[') && messages(&mut s, &mut out).is_ok();
+    if !walked {
+        out(value);
+    }
+}
+
+/// Separators between a message's parts and after each message: bytes that never occur
+/// raw inside JSON text, so part boundaries stay unambiguous.
+pub const PART_END: u8 = 0x1e;
+pub const MESSAGE_END: u8 = 0x1f;
+
+/// A `messages` array: objects whose `role` and `content` are fed; anything else in the
+/// array (not an object) makes the caller hash the raw text instead.
+fn messages(s: &mut Scanner<'_>, out: &mut impl FnMut(&[u8])) -> Result<(), PeekError> {
+    s.expect(b'[')?;
+    loop {
+        s.skip_ws();
+        match s.peek() {
+            Some(b']') => return Ok(()),
+            Some(b'{') => message(s, out)?,
+            _ => return Err(PeekError::Syntax),
+        }
+        s.skip_ws();
+        if s.peek() == Some(b',') {
+            s.pos += 1;
+        }
+    }
+}
+
+fn message(s: &mut Scanner<'_>, out: &mut impl FnMut(&[u8])) -> Result<(), PeekError> {
+    let (mut role, mut content): (&[u8], &[u8]) = (b"", b"");
+    s.expect(b'{')?;
+    loop {
+        s.skip_ws();
+        if s.peek() == Some(b'}') {
+            s.pos += 1;
+            break;
+        }
+        let key = s.string()?;
+        s.skip_ws();
+        s.expect(b':')?;
+        s.skip_ws();
+        let start = s.pos;
+        let value = s.value()?;
+        let raw = match value {
+            Value::Str(v) => v.raw,
+            _ => &s.buf[start..s.pos],
+        };
+        if key.is(b"role") {
+            role = raw;
+        } else if key.is(b"content") {
+            content = raw;
+        }
+        s.skip_ws();
+        if s.peek() == Some(b',') {
+            s.pos += 1;
+        }
+    }
+    out(role);
+    out(&[PART_END]);
+    out(content);
+    out(&[MESSAGE_END]);
+    Ok(())
 }
 
 fn parse_u64(v: &[u8]) -> Option<u64> {

@@ -141,6 +141,16 @@ pub const ITL_BUCKETS: [f64; 13] = [
 ];
 pub const DURATION_BUCKETS: [f64; 10] = [0.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 130.0, 260.0, 510.0];
 
+/// `dynamo_component_router_kv_hit_rate`: the share of a request's blocks predicted cached
+/// on the worker `kv` routing chose.
+pub const KV_HIT_BUCKETS: [f64; 11] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
+
+/// `spillway_kv_router_overhead_seconds`: a `kv` routing decision (Dynamo's
+/// `dynamo_router_overhead_total_ms`, in the base unit).
+pub const OVERHEAD_BUCKETS: [f64; 12] = [
+    1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3,
+];
+
 /// A single-writer histogram: counts per bucket (last = +Inf) and the sum in nanoseconds.
 #[derive(Debug)]
 pub struct Histogram<const N: usize> {
@@ -190,6 +200,11 @@ pub struct ModelCore {
     pub ttft: Histogram<18>,
     pub itl: Histogram<13>,
     pub duration: Histogram<10>,
+    pub kv_hit_rate: Histogram<11>,
+    pub router_overhead: Histogram<12>,
+    /// `kv` routing's index: chunks newly predicted on a worker, predictions given up.
+    kv_added: AtomicU64,
+    kv_evicted: AtomicU64,
     migrations: [AtomicU64; 4],
     /// By knob, then class.
     refusals: [AtomicU64; KNOBS * CLASSES],
@@ -206,6 +221,10 @@ impl Default for ModelCore {
             ttft: Histogram::default(),
             itl: Histogram::default(),
             duration: Histogram::default(),
+            kv_hit_rate: Histogram::default(),
+            router_overhead: Histogram::default(),
+            kv_added: AtomicU64::new(0),
+            kv_evicted: AtomicU64::new(0),
             migrations: std::array::from_fn(|_| AtomicU64::new(0)),
             refusals: std::array::from_fn(|_| AtomicU64::new(0)),
             classes: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -245,6 +264,12 @@ impl ModelCore {
     pub fn classed(&self, class: Class) {
         add(&self.classes[class.index()], 1);
     }
+
+    #[inline]
+    pub fn kv_recorded(&self, added: u64, evicted: u64) {
+        add(&self.kv_added, added);
+        add(&self.kv_evicted, evicted);
+    }
 }
 
 /// A model's counters: one [`ModelCore`] per core. Kept across reloads.
@@ -265,6 +290,11 @@ impl ModelMetrics {
     /// One cell summed over the cores.
     fn total(&self, cell: impl Fn(&ModelCore) -> &AtomicU64) -> u64 {
         self.cores.iter().map(|c| cell(c).load(Relaxed)).sum()
+    }
+
+    /// (chunks newly predicted on a worker, predictions given up) by `kv` routing.
+    pub fn kv_index_counts(&self) -> (u64, u64) {
+        (self.total(|c| &c.kv_added), self.total(|c| &c.kv_evicted))
     }
 
     pub fn requests(&self, e: Endpoint, t: RequestType, o: Outcome) -> u64 {

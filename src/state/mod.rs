@@ -19,8 +19,9 @@ use crossbeam_utils::CachePadded;
 pub use busy::BusySet;
 pub use counters::CoreCounters;
 pub use registry::Registry;
-pub use snapshot::{Member, Model, Responses, Snapshot, Worker};
+pub use snapshot::{KvRouting, Member, Model, Responses, Snapshot, Worker};
 pub use stats::Stats;
+pub use worker::KvLoad;
 pub use worker::{TrackedLoad, WorkerState};
 
 /// State shared by every core and the control thread.

@@ -8,14 +8,24 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::counters::ModelMetrics;
-use super::snapshot::{Member, Model, Responses, Snapshot, Worker};
+use super::snapshot::{KvRouting, Member, Model, Responses, Snapshot, Worker};
 use super::worker::WorkerState;
 use crate::admission::{Gate, class_slots};
 use crate::config::{Addrs, Classes, Config, ModelConfig, WorkerConfig};
+use crate::route::cache::PredictedCache;
+use crate::route::{KvSettings, RouterMode};
 use crate::shed::Class;
 
 /// A worker's identity across generations: its name and URL.
 type WorkerKey = (String, String);
+
+/// KV capacity (blocks) assumed for a worker whose `kv_total_blocks` is not configured:
+/// bounds what `kv` routing predicts it holds.
+pub const DEFAULT_PREDICTED_KV_BLOCKS: u64 = 16_384;
+
+/// What a `kv` model's index depends on: its members in order with their capacities, the
+/// block size and the TTL.
+type KvKey = (Vec<(WorkerKey, u64)>, u32, u64);
 
 /// Builds snapshots and remembers stable ids and shared state between them.
 #[derive(Debug)]
@@ -29,6 +39,7 @@ pub struct Registry {
     model_ids: HashMap<String, u32>,
     model_metrics: HashMap<String, Arc<ModelMetrics>>,
     member_ids: HashMap<(String, String), u32>,
+    kv: HashMap<String, (KvKey, Arc<KvRouting>)>,
 }
 
 impl Registry {
@@ -45,6 +56,7 @@ impl Registry {
             model_ids: HashMap::new(),
             model_metrics: HashMap::new(),
             member_ids: HashMap::new(),
+            kv: HashMap::new(),
         }
     }
 
@@ -142,6 +154,8 @@ impl Registry {
             .collect();
         self.workers.retain(|k, _| live.contains(k));
         self.gates.retain(|k, _| live.contains(k));
+        self.kv
+            .retain(|name, _| config.models.iter().any(|m| m.name == *name));
     }
 
     fn model(&mut self, m: &ModelConfig, config: &Config) -> Model {
@@ -167,6 +181,7 @@ impl Registry {
                 }
             })
             .collect();
+        let kv = self.kv_routing(m, config);
         Model {
             name: m.name.as_str().into(),
             id,
@@ -175,7 +190,41 @@ impl Registry {
             track_output_blocks: m.track_output_blocks,
             members,
             metrics,
+            kv,
         }
+    }
+
+    /// A `kv` model's index survives a reload that keeps what shapes it; otherwise it
+    /// starts empty (forgotten predictions cost prefills, never errors).
+    fn kv_routing(&mut self, m: &ModelConfig, config: &Config) -> Option<Arc<KvRouting>> {
+        if m.router_mode != RouterMode::Kv {
+            self.kv.remove(&m.name);
+            return None;
+        }
+        let settings: KvSettings = m.kv;
+        let members: Vec<(WorkerKey, u64)> = m
+            .workers
+            .iter()
+            .map(|&wi| {
+                let w = &config.workers[wi];
+                let blocks = w.kv_total_blocks.unwrap_or(DEFAULT_PREDICTED_KV_BLOCKS);
+                ((w.name.clone(), w.url.clone()), blocks)
+            })
+            .collect();
+        let ttl_ms = (settings.router_ttl_secs * 1000.0) as u64;
+        let key = (members, settings.kv_cache_block_size, ttl_ms);
+        let cache = match self.kv.get(&m.name) {
+            Some((k, kv)) if *k == key && kv.settings == settings => return Some(kv.clone()),
+            // Only the cost's knobs changed: keep the predictions.
+            Some((k, kv)) if *k == key => kv.cache.clone(),
+            _ => {
+                let capacities: Vec<u64> = key.0.iter().map(|(_, c)| *c).collect();
+                Arc::new(PredictedCache::new(&capacities, ttl_ms))
+            }
+        };
+        let kv = Arc::new(KvRouting { settings, cache });
+        self.kv.insert(m.name.clone(), (key, kv.clone()));
+        Some(kv)
     }
 }
 

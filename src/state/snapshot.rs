@@ -11,7 +11,8 @@ use super::worker::WorkerState;
 use crate::admission::Gate;
 use crate::config::{Config, WorkerConfig};
 use crate::http::canned::{Canned, messages};
-use crate::route::RouterMode;
+use crate::route::cache::PredictedCache;
+use crate::route::{KvSettings, RouterMode};
 use crate::shed::Class;
 
 /// Immutable runtime view of one config generation.
@@ -51,6 +52,16 @@ pub struct Model {
     pub track_output_blocks: bool,
     pub members: Box<[Member]>,
     pub metrics: Arc<ModelMetrics>,
+    /// `kv` mode's settings and predicted-cache index (`None` in other modes).
+    pub kv: Option<Arc<KvRouting>>,
+}
+
+/// A `kv` model's routing state, kept across reloads while its members, their capacities
+/// and the settings that shape the index stay the same.
+#[derive(Debug)]
+pub struct KvRouting {
+    pub settings: KvSettings,
+    pub cache: Arc<PredictedCache>,
 }
 
 /// One worker in one model's pool.

@@ -20,6 +20,19 @@ pub struct WorkerState {
     overloaded_until_ms: AtomicU64,
     /// One entry per core, written only by that core: what it routed and has not finished.
     pub tracked: Box<[CachePadded<TrackedLoad>]>,
+    /// `kv` routing's cost inputs, as the monitor last published them: the load the engine
+    /// reported (summed over ranks) and the tracked load summed over cores.
+    engine_prefill_tokens: AtomicU64,
+    engine_decode_blocks: AtomicU64,
+    tracked_prefill_tokens: AtomicU64,
+    tracked_decode_blocks: AtomicU64,
+}
+
+/// A worker's load as `kv` routing weighs it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct KvLoad {
+    pub prefill_tokens: u64,
+    pub decode_blocks: u64,
 }
 
 /// Router-side load one core has sent to one worker.
@@ -32,6 +45,14 @@ pub struct TrackedLoad {
     /// adaptive mode's measurement.
     pub ttft_us: AtomicU64,
     pub first_tokens: AtomicU64,
+    /// `kv` routing: blocks of the requests it routed here, and how many of them were
+    /// predicted cached here.
+    pub kv_blocks: AtomicU64,
+    pub kv_hit_blocks: AtomicU64,
+    /// This core's prefill tokens and decode blocks when the monitor last folded them
+    /// (written by the monitor).
+    folded_prefill_tokens: AtomicU64,
+    folded_decode_blocks: AtomicU64,
 }
 
 impl WorkerState {
@@ -45,6 +66,10 @@ impl WorkerState {
             tracked: (0..cores)
                 .map(|_| CachePadded::new(TrackedLoad::default()))
                 .collect(),
+            engine_prefill_tokens: AtomicU64::new(0),
+            engine_decode_blocks: AtomicU64::new(0),
+            tracked_prefill_tokens: AtomicU64::new(0),
+            tracked_decode_blocks: AtomicU64::new(0),
         }
     }
 
@@ -102,6 +127,76 @@ impl WorkerState {
         self.tracked[core].inflight.load(Ordering::Relaxed) as u32
     }
 
+    /// `kv` routing's view of the worker's load from core `core`: what the engine last
+    /// reported, or the tracked load if more. The tracked load is the monitor's last sum
+    /// over cores with this core's part replaced by its live cells, so what this core
+    /// routed (or finished) since counts at once, without waiting for a publish.
+    #[inline]
+    pub fn kv_load(&self, core: usize) -> KvLoad {
+        let t = &self.tracked[core];
+        let live = |total: &AtomicU64, folded: &AtomicU64, now: &AtomicU64| {
+            let others = total
+                .load(Ordering::Relaxed)
+                .saturating_sub(folded.load(Ordering::Relaxed));
+            others.saturating_add(now.load(Ordering::Relaxed))
+        };
+        let prefill = live(
+            &self.tracked_prefill_tokens,
+            &t.folded_prefill_tokens,
+            &t.prefill_tokens,
+        );
+        let decode = live(
+            &self.tracked_decode_blocks,
+            &t.folded_decode_blocks,
+            &t.decode_blocks,
+        );
+        KvLoad {
+            prefill_tokens: prefill.max(self.engine_prefill_tokens.load(Ordering::Relaxed)),
+            decode_blocks: decode.max(self.engine_decode_blocks.load(Ordering::Relaxed)),
+        }
+    }
+
+    /// The monitor's side of [`Self::kv_load`]: `engine` as reported; the tracked load
+    /// summed over cores now, each core's part remembered.
+    pub fn publish_load(&self, engine: KvLoad) {
+        let (mut prefill, mut decode) = (0u64, 0u64);
+        for t in self.tracked.iter() {
+            let (p, d) = (
+                t.prefill_tokens.load(Ordering::Relaxed),
+                t.decode_blocks.load(Ordering::Relaxed),
+            );
+            t.folded_prefill_tokens.store(p, Ordering::Relaxed);
+            t.folded_decode_blocks.store(d, Ordering::Relaxed);
+            prefill = prefill.wrapping_add(p);
+            decode = decode.wrapping_add(d);
+        }
+        self.tracked_prefill_tokens
+            .store(prefill, Ordering::Relaxed);
+        self.tracked_decode_blocks.store(decode, Ordering::Relaxed);
+        self.engine_prefill_tokens
+            .store(engine.prefill_tokens, Ordering::Relaxed);
+        self.engine_decode_blocks
+            .store(engine.decode_blocks, Ordering::Relaxed);
+    }
+
+    /// Counts a `kv`-routed request of `blocks` blocks, `hit` of them predicted cached here.
+    #[inline]
+    pub fn kv_hit(&self, core: usize, hit: u64, blocks: u64) {
+        let t = &self.tracked[core];
+        crate::state::counters::add(&t.kv_blocks, blocks);
+        crate::state::counters::add(&t.kv_hit_blocks, hit);
+    }
+
+    /// Sum over cores of (blocks routed, blocks predicted cached) in `kv` mode.
+    pub fn kv_totals(&self) -> (u64, u64) {
+        self.tracked.iter().fold((0u64, 0u64), |(b, h), t| {
+            (
+                b.wrapping_add(t.kv_blocks.load(Ordering::Relaxed)),
+                h.wrapping_add(t.kv_hit_blocks.load(Ordering::Relaxed)),
+            )
+        })
+    }
+
     /// Sum over cores of (TTFT µs, first tokens) so far.
     pub fn ttft_totals(&self) -> (u64, u64) {
         self.tracked.iter().fold((0u64, 0u64), |(us, n), t| {
@@ -146,5 +241,35 @@ mod tests {
         assert!(w.is_overloaded(1099) && !w.is_overloaded(1100));
         w.mark_overloaded(200, 10);
         assert!(w.is_overloaded(1099));
+    }
+
+    #[test]
+    fn kv_load_sees_this_cores_changes_at_once_and_others_at_the_next_publish() {
+        let w = WorkerState::new(0, "w", 2);
+        let set = |core: usize, prefill: u64, decode: u64| {
+            w.tracked[core]
+                .prefill_tokens
+                .store(prefill, Ordering::Relaxed);
+            w.tracked[core]
+                .decode_blocks
+                .store(decode, Ordering::Relaxed);
+        };
+        set(0, 100, 10);
+        set(1, 50, 5);
+        let load = |core| {
+            let l = w.kv_load(core);
+            (l.prefill_tokens, l.decode_blocks)
+        };
+        assert_eq!(load(0), (100, 10), "before any publish: this core's own");
+        w.publish_load(KvLoad::default());
+        assert_eq!((load(0), load(1)), ((150, 15), (150, 15)));
+        set(0, 0, 0);
+        assert_eq!(load(0), (50, 5), "core 0 finished: at once for core 0");
+        assert_eq!(load(1), (150, 15), "for core 1 at the next publish");
+        w.publish_load(KvLoad {
+            prefill_tokens: 0,
+            decode_blocks: 40,
+        });
+        assert_eq!(load(1), (50, 40), "the engine's report when it says more");
     }
 }
