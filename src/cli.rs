@@ -78,6 +78,10 @@ pub struct MockArgs {
     /// max_tokens of requests that set none.
     #[arg(long, default_value_t = defaults::DEFAULT_MAX_TOKENS)]
     pub default_max_tokens: u32,
+    /// vLLM's automatic prefix caching: an LRU of up to --kv-blocks prompt block hashes;
+    /// cached prompt tokens skip prefill.
+    #[arg(long)]
+    pub enable_prefix_caching: bool,
     /// Spillway admin base URL to push load events to (POST {URL}/load).
     #[arg(long, value_name = "URL")]
     pub push_load: Option<String>,
@@ -103,6 +107,7 @@ impl MockArgs {
             decode_step_base_ms: self.decode_step_base_ms,
             decode_step_per_seq_ms: self.decode_step_per_seq_ms,
             default_max_tokens: self.default_max_tokens,
+            enable_prefix_caching: self.enable_prefix_caching,
             push_load: self.push_load.clone(),
             worker_name: self.worker_name.clone(),
             push_interval_ms: self.push_interval_ms,
@@ -350,6 +355,7 @@ mod tests {
             "http://127.0.0.1:9090",
             "--worker-name",
             "w1",
+            "--enable-prefix-caching",
         ])
         .unwrap();
         let Some(Command::MockEngine(args)) = cli.command else {
@@ -363,6 +369,7 @@ mod tests {
         assert_eq!(c.decode_step_per_seq_ms, 0.5);
         assert_eq!(c.push_load.as_deref(), Some("http://127.0.0.1:9090"));
         assert_eq!(c.worker_name.as_deref(), Some("w1"));
+        assert!(c.enable_prefix_caching);
     }
 
     #[test]

@@ -413,6 +413,7 @@ fn spillway_scrape_reads_the_mock_metrics() {
         prefill_tokens_per_s: 20_000.0,
         decode_step_base_ms: 8.0,
         decode_step_per_seq_ms: 0.25,
+        enable_prefix_caching: false,
     };
     let load = Load {
         running: 5,
@@ -422,6 +423,7 @@ fn spillway_scrape_reads_the_mock_metrics() {
         prompt_tokens_total: 1000,
         generation_tokens_total: 200,
         preemptions_total: 1,
+        ..Load::default()
     };
     let mut text = String::new();
     spillway_mock::metrics::render(&mut text, "Qwen/\"odd\"", &cfg, &load);
@@ -460,6 +462,7 @@ fn spillway_accepts_the_mock_load_event() {
         prefill_tokens_per_s: 1.0,
         decode_step_base_ms: 1.0,
         decode_step_per_seq_ms: 0.0,
+        enable_prefix_caching: false,
     };
     let load = Load {
         used_blocks: 7,

@@ -28,6 +28,19 @@
 //! readmitted, recomputes its prompt and generated tokens as prefill before its next
 //! token. The client only sees a pause. A step that preempted admits nobody.
 //!
+//! Prefix caching (`enable_prefix_caching`, off by default) follows vLLM's automatic
+//! prefix caching: the prompt text the engine sees (each chat message's role and text
+//! content, or the completion `prompt` strings, written as JSON strings so boundaries stay
+//! unambiguous) is cut into blocks of `block_size × 4` bytes, only full ones counting, each
+//! named by a hash chained with its predecessor's ([`sim::prefix`]). An engine keeps the
+//! most recently admitted `kv_blocks` block hashes in an LRU; at admission the prompt's
+//! leading blocks found there are cached tokens and skip prefill (at least one token is
+//! still computed), so they cost no step time; then all its blocks become the most
+//! recently used. The cache saves compute, not memory: a sequence still holds blocks for
+//! its whole context. `/metrics` counts the prompt tokens looked up and found
+//! (`vllm:prefix_cache_queries_total`, `vllm:prefix_cache_hits_total`), and usage reports
+//! `prompt_tokens_details.cached_tokens`.
+//!
 //! A sequence finishes at its `max_tokens` (`finish_reason` `"length"`; `"stop"` when the
 //! request set no limit and `default_max_tokens` stood for the answer's natural end) and
 //! frees its blocks; a client that disconnects aborts its sequence and frees them at
@@ -105,6 +118,8 @@ pub struct MockConfig {
     pub decode_step_per_seq_ms: f64,
     /// `max_tokens` of requests that do not set one.
     pub default_max_tokens: u32,
+    /// vLLM's automatic prefix caching (see the time model): off by default.
+    pub enable_prefix_caching: bool,
     /// A Spillway admin base URL (`http://127.0.0.1:9090`): load events go to `{url}/load`.
     pub push_load: Option<String>,
     /// `worker_id` of pushed events; default: the `host:port` the mock listens on, which
@@ -129,6 +144,7 @@ impl Default for MockConfig {
             decode_step_base_ms: DECODE_STEP_BASE_MS,
             decode_step_per_seq_ms: DECODE_STEP_PER_SEQ_MS,
             default_max_tokens: DEFAULT_MAX_TOKENS,
+            enable_prefix_caching: false,
             push_load: None,
             worker_name: None,
             push_interval_ms: PUSH_INTERVAL_MS,
@@ -147,6 +163,7 @@ impl MockConfig {
             prefill_tokens_per_s: self.prefill_tokens_per_s,
             decode_step_base_ms: self.decode_step_base_ms,
             decode_step_per_seq_ms: self.decode_step_per_seq_ms,
+            enable_prefix_caching: self.enable_prefix_caching,
         }
     }
 }
@@ -213,6 +230,7 @@ pub fn start(cfg: MockConfig) -> io::Result<MockHandle> {
         block_size = cfg.block_size,
         max_num_seqs = cfg.max_num_seqs,
         max_num_batched_tokens = cfg.max_num_batched_tokens,
+        enable_prefix_caching = cfg.enable_prefix_caching,
         push_load = cfg.push_load.as_deref().unwrap_or("off"),
         "mock engine serving"
     );

@@ -14,7 +14,7 @@ struct Series {
 }
 
 /// The per-engine series, in the order vLLM lists them.
-const SERIES: [Series; 6] = [
+const SERIES: [Series; 8] = [
     Series {
         name: "vllm:num_requests_running",
         kind: "gauge",
@@ -32,6 +32,18 @@ const SERIES: [Series; 6] = [
         kind: "gauge",
         help: "KV-cache usage. 1 means 100 percent usage.",
         value: kv_cache_usage,
+    },
+    Series {
+        name: "vllm:prefix_cache_queries_total",
+        kind: "counter",
+        help: "Prefix cache queries, in terms of number of queried tokens.",
+        value: |_, load| load.prefix_cache_queries_total as f64,
+    },
+    Series {
+        name: "vllm:prefix_cache_hits_total",
+        kind: "counter",
+        help: "Prefix cache hits, in terms of number of cached tokens.",
+        value: |_, load| load.prefix_cache_hits_total as f64,
     },
     Series {
         name: "vllm:num_preemptions_total",
@@ -79,8 +91,14 @@ pub fn render(out: &mut String, model: &str, cfg: &EngineConfig, load: &Load) {
         out,
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
          # TYPE vllm:cache_config_info gauge\n\
-         vllm:cache_config_info{{block_size=\"{}\",cache_dtype=\"auto\",enable_prefix_caching=\"False\",engine=\"0\",num_gpu_blocks=\"{}\"}} 1.0",
-        cfg.block_size, cfg.kv_blocks
+         vllm:cache_config_info{{block_size=\"{}\",cache_dtype=\"auto\",enable_prefix_caching=\"{}\",engine=\"0\",num_gpu_blocks=\"{}\"}} 1.0",
+        cfg.block_size,
+        if cfg.enable_prefix_caching {
+            "True"
+        } else {
+            "False"
+        },
+        cfg.kv_blocks
     );
 }
 
@@ -114,6 +132,7 @@ mod tests {
             prefill_tokens_per_s: 20_000.0,
             decode_step_base_ms: 8.0,
             decode_step_per_seq_ms: 0.25,
+            enable_prefix_caching: false,
         };
         let load = Load {
             running: 5,
@@ -123,6 +142,8 @@ mod tests {
             prompt_tokens_total: 1000,
             generation_tokens_total: 200,
             preemptions_total: 1,
+            prefix_cache_queries_total: 900,
+            prefix_cache_hits_total: 640,
         };
         let mut text = String::new();
         render(&mut text, "Qwen/\"odd\"", &cfg, &load);
@@ -131,6 +152,8 @@ mod tests {
             ("vllm:num_requests_running", "5.0"),
             ("vllm:num_requests_waiting", "3.0"),
             ("vllm:kv_cache_usage_perc", "0.25"),
+            ("vllm:prefix_cache_queries_total", "900.0"),
+            ("vllm:prefix_cache_hits_total", "640.0"),
             ("vllm:num_preemptions_total", "1.0"),
             ("vllm:prompt_tokens_total", "1000.0"),
             ("vllm:generation_tokens_total", "200.0"),
@@ -148,7 +171,7 @@ mod tests {
         assert!(text.ends_with(
             "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"False\",engine=\"0\",num_gpu_blocks=\"2048\"} 1.0\n"
         ));
-        assert_eq!(text.lines().count(), 6 * 3 + 3);
+        assert_eq!(text.lines().count(), 8 * 3 + 3);
     }
 
     #[test]

@@ -213,6 +213,7 @@ mod tests {
             prefill_tokens_per_s: 1.0,
             decode_step_base_ms: 1.0,
             decode_step_per_seq_ms: 0.0,
+            enable_prefix_caching: false,
         };
         let load = Load {
             used_blocks: 7,

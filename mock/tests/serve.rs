@@ -155,3 +155,42 @@ fn leaving_aborts_the_sequence() {
     }
     assert_eq!(metric(m.addr, "vllm:num_requests_running"), 0.0);
 }
+
+#[test]
+fn a_repeated_long_prompt_is_served_from_the_prefix_cache() {
+    let m = start(MockConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        model: "m".into(),
+        decode_step_base_ms: 1.0,
+        decode_step_per_seq_ms: 0.0,
+        enable_prefix_caching: true,
+        ..MockConfig::default()
+    })
+    .unwrap();
+    // 1,000 bytes of prompt: 250 tokens; its text ("..." with quotes, 1,002 bytes) holds
+    // 15 full blocks of 16 tokens.
+    let prompt = "0123456789".repeat(100);
+    let body = format!(r#"{{"model":"m","prompt":"{prompt}","max_tokens":2}}"#);
+    let usage = |text: &str| -> serde_json::Value {
+        let json = &text[text.find("\r\n\r\n").unwrap() + 4..];
+        serde_json::from_str::<serde_json::Value>(json).unwrap()["usage"].clone()
+    };
+    let generate = || {
+        let mut s = connect(m.addr);
+        s.write_all(post("/v1/completions", &body, "connection: close\r\n").as_bytes())
+            .unwrap();
+        until_close(s)
+    };
+    let first = generate();
+    assert_eq!(usage(&first)["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(metric(m.addr, "vllm:prefix_cache_hits_total"), 0.0);
+    let second = generate();
+    assert_eq!(usage(&second)["prompt_tokens"], 250);
+    assert_eq!(
+        usage(&second)["prompt_tokens_details"]["cached_tokens"],
+        240
+    );
+    assert_eq!(metric(m.addr, "vllm:prefix_cache_queries_total"), 500.0);
+    assert_eq!(metric(m.addr, "vllm:prefix_cache_hits_total"), 240.0);
+    assert_eq!(metric(m.addr, "vllm:prompt_tokens_total"), 260.0);
+}

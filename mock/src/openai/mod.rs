@@ -6,8 +6,10 @@ use std::io::Write as _;
 
 use crate::rng::Rng;
 
+mod prompt;
 mod request;
 
+pub use prompt::prompt_text;
 pub use request::parse;
 
 /// The two generation endpoints.
@@ -158,6 +160,8 @@ pub struct Renderer<'a> {
 pub struct Usage {
     pub prompt_tokens: u32,
     pub completion_tokens: u32,
+    /// `prompt_tokens_details.cached_tokens`, reported only with prefix caching on.
+    pub cached_tokens: Option<u32>,
 }
 
 impl Renderer<'_> {
@@ -248,11 +252,18 @@ fn finish_json(out: &mut Vec<u8>, finish: Option<Finish>) {
 fn usage_json(out: &mut Vec<u8>, u: Usage) {
     let _ = write!(
         out,
-        r#""usage":{{"prompt_tokens":{},"completion_tokens":{},"total_tokens":{}}}"#,
+        r#""usage":{{"prompt_tokens":{},"completion_tokens":{},"total_tokens":{}"#,
         u.prompt_tokens,
         u.completion_tokens,
         u64::from(u.prompt_tokens) + u64::from(u.completion_tokens)
     );
+    if let Some(cached) = u.cached_tokens {
+        let _ = write!(
+            out,
+            r#","prompt_tokens_details":{{"cached_tokens":{cached}}}"#
+        );
+    }
+    out.push(b'}');
 }
 
 fn json_str(out: &mut Vec<u8>, s: &str) {
@@ -322,7 +333,8 @@ mod tests {
                 o,
                 Usage {
                     prompt_tokens: 3,
-                    completion_tokens: 2
+                    completion_tokens: 2,
+                    cached_tokens: None,
                 }
             )),
             usage
@@ -334,6 +346,7 @@ mod tests {
         let usage = Usage {
             prompt_tokens: 4,
             completion_tokens: 2,
+            cached_tokens: None,
         };
         let mut out = Vec::new();
         Renderer {
@@ -361,6 +374,23 @@ mod tests {
         let v: Value = serde_json::from_slice(&out).unwrap();
         assert_eq!(v["object"], "text_completion");
         assert_eq!(v["choices"][0]["text"], "a");
+        let mut out = Vec::new();
+        let cached = Usage {
+            cached_tokens: Some(3),
+            ..usage
+        };
+        Renderer {
+            api: Api::Chat,
+            id: 1,
+            created: 5,
+            model_json: r#""m""#,
+        }
+        .response(&mut out, "a", Finish::Length, cached);
+        let v: Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(
+            v["usage"],
+            json!({"prompt_tokens":4,"completion_tokens":2,"total_tokens":6,"prompt_tokens_details":{"cached_tokens":3}})
+        );
         assert_eq!(v["choices"][0]["finish_reason"], "length");
         let mut out = Vec::new();
         Renderer {

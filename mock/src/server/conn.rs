@@ -13,6 +13,7 @@ use crate::clock;
 use crate::http::{self, HttpError, INITIAL_READ_BUF, Method, RequestHead, parse_request};
 use crate::openai::{self, Api, ApiError, Generate};
 use crate::reader::Reader;
+use crate::sim::prefix;
 
 /// Idle keep-alive connections close after this long: uvicorn's default, which vLLM and
 /// SGLang run under (Spillway's pool closes its idle connections before that).
@@ -50,7 +51,8 @@ enum Action {
         content_type: &'static str,
         body: Vec<u8>,
     },
-    Generate(Generate),
+    /// With the prompt's prefix block hashes (empty without prefix caching).
+    Generate(Generate, Vec<u64>),
 }
 
 impl Action {
@@ -104,7 +106,10 @@ impl Conn {
                     self.reply(status, content_type, &body, keep, with_body);
                     self.flush().await && keep
                 }
-                Action::Generate(g) => self.generate(g, head.minor_version == 1, keep).await,
+                Action::Generate(g, prefix) => {
+                    self.generate(g, prefix, head.minor_version == 1, keep)
+                        .await
+                }
             };
             if !keep {
                 return;
@@ -196,9 +201,18 @@ impl Conn {
             return Action::method_not_allowed();
         }
         match openai::parse(api, body, &cfg.model, cfg.default_max_tokens) {
-            Ok(g) => Action::Generate(g),
+            Ok(g) => Action::Generate(g, self.prefix(api, body)),
             Err(e) => Action::error(e),
         }
+    }
+
+    /// The block hashes of the request's prompt text, when the engine caches prefixes.
+    fn prefix(&self, api: Api, body: &[u8]) -> Vec<u64> {
+        let engine = &self.mock.engine_cfg;
+        if !engine.enable_prefix_caching {
+            return Vec::new();
+        }
+        prefix::block_hashes(&openai::prompt_text(api, body), engine.block_bytes())
     }
 
     /// Renders one event with `f` and appends it to the output as its own chunk.

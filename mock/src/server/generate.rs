@@ -32,12 +32,20 @@ impl Conn {
     /// Runs one generation: submits it, then relays its tokens as they are produced,
     /// streaming them or collecting them into one body. Returns whether the connection
     /// stays open.
-    pub(super) async fn generate(&mut self, g: Generate, chunked: bool, keep_alive: bool) -> bool {
+    pub(super) async fn generate(
+        &mut self,
+        g: Generate,
+        prefix: Vec<u64>,
+        chunked: bool,
+        keep_alive: bool,
+    ) -> bool {
         let mock = self.mock.clone();
-        let submitted = mock
-            .engine
-            .borrow_mut()
-            .submit(mock.now(), g.prompt_tokens, g.max_tokens);
+        let submitted = mock.engine.borrow_mut().submit_prefixed(
+            mock.now(),
+            g.prompt_tokens,
+            g.max_tokens,
+            prefix,
+        );
         let id = match submitted {
             Ok(id) => id,
             Err(e) => {
@@ -108,7 +116,7 @@ impl Conn {
             self.out.clear();
             self.render_tokens(run, slot.generated.get(), done);
             if done {
-                return self.finish(run).await;
+                return self.finish(run, slot).await;
             }
             if !self.flush().await {
                 tracing::debug!(seq = run.id, tokens = run.sent, "client left mid-stream");
@@ -154,10 +162,15 @@ impl Conn {
     }
 
     /// Ends the response: usage and `[DONE]` for a stream, the whole body otherwise.
-    async fn finish(&mut self, run: &mut Generation<'_>) -> bool {
+    async fn finish(&mut self, run: &mut Generation<'_>, slot: &Slot) -> bool {
         let usage = Usage {
             prompt_tokens: run.g.prompt_tokens,
             completion_tokens: run.sent,
+            cached_tokens: self
+                .mock
+                .engine_cfg
+                .enable_prefix_caching
+                .then(|| slot.cached.get()),
         };
         let renderer = &run.renderer;
         if run.g.stream {

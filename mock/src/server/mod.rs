@@ -83,6 +83,8 @@ impl Signal {
 #[derive(Default)]
 struct Slot {
     generated: Cell<u32>,
+    /// Prompt tokens the prefix cache held at admission.
+    cached: Cell<u32>,
     done: Cell<bool>,
     waker: Cell<Option<Waker>>,
 }
@@ -221,6 +223,7 @@ async fn drive(mock: Rc<Mock>) {
             for t in tokens.drain(..) {
                 if let Some(slot) = slots.get(&t.id) {
                     slot.generated.set(t.index + 1);
+                    slot.cached.set(t.cached);
                     slot.done.set(t.last);
                     if let Some(w) = slot.waker.take() {
                         w.wake();

@@ -4,6 +4,8 @@
 
 use std::collections::{HashMap, VecDeque};
 
+use prefix::PrefixCache;
+
 /// Microseconds since the caller's epoch.
 pub type Micros = u64;
 
@@ -20,6 +22,8 @@ pub struct EngineConfig {
     pub prefill_tokens_per_s: f64,
     pub decode_step_base_ms: f64,
     pub decode_step_per_seq_ms: f64,
+    /// vLLM's automatic prefix caching: prompt blocks seen before skip prefill.
+    pub enable_prefix_caching: bool,
 }
 
 impl EngineConfig {
@@ -54,6 +58,11 @@ impl EngineConfig {
     /// The longest context (prompt + max_tokens) one sequence may reach: the whole cache.
     pub fn max_model_len(&self) -> u64 {
         self.kv_blocks * u64::from(self.block_size)
+    }
+
+    /// Prompt bytes per KV block, at the mock's 4 bytes a token: how [`prefix`] cuts text.
+    pub fn block_bytes(&self) -> usize {
+        self.block_size as usize * 4
     }
 
     fn blocks_for(&self, tokens: u64) -> u64 {
@@ -94,6 +103,8 @@ pub struct Token {
     pub last: bool,
     /// When the step that produced it ended.
     pub at: Micros,
+    /// Prompt tokens found in the prefix cache when the sequence was first admitted.
+    pub cached: u32,
 }
 
 /// What the engine holds right now, and its counters (the `/metrics` and load-push values).
@@ -108,6 +119,10 @@ pub struct Load {
     pub prompt_tokens_total: u64,
     pub generation_tokens_total: u64,
     pub preemptions_total: u64,
+    /// Prompt tokens looked up in the prefix cache, one lookup per admission.
+    pub prefix_cache_queries_total: u64,
+    /// Of those, tokens found cached (and not prefilled).
+    pub prefix_cache_hits_total: u64,
 }
 
 #[derive(Debug)]
@@ -121,6 +136,10 @@ struct Seq {
     prefill_left: u32,
     blocks: u64,
     running: bool,
+    /// Chained hashes of the prompt's full blocks (empty without prefix caching).
+    prefix: Vec<u64>,
+    /// Prompt tokens cached at the first admission (vLLM's `num_cached_tokens`).
+    cached: Option<u32>,
 }
 
 impl Seq {
@@ -152,6 +171,10 @@ pub struct Engine {
     prompt_tokens_total: u64,
     generation_tokens_total: u64,
     preemptions_total: u64,
+    /// With `enable_prefix_caching`: the block hashes of recent prompts.
+    prefix: Option<PrefixCache>,
+    prefix_queries_total: u64,
+    prefix_hits_total: u64,
     /// Reused batch storage.
     spare: Vec<(SeqId, u32)>,
 }
@@ -160,6 +183,11 @@ impl Engine {
     /// A new, idle engine. `cfg` must have passed [`EngineConfig::validate`].
     pub fn new(cfg: EngineConfig) -> Engine {
         Engine {
+            prefix: cfg
+                .enable_prefix_caching
+                .then(|| PrefixCache::new(cfg.kv_blocks)),
+            prefix_queries_total: 0,
+            prefix_hits_total: 0,
             cfg,
             clock: 0,
             step: None,
@@ -189,6 +217,18 @@ impl Engine {
         prompt_tokens: u32,
         max_tokens: u32,
     ) -> Result<SeqId, SubmitError> {
+        self.submit_prefixed(now, prompt_tokens, max_tokens, Vec::new())
+    }
+
+    /// [`Engine::submit`] with the prompt's block hashes ([`prefix::block_hashes`]), which
+    /// the prefix cache looks up at admission; ignored when prefix caching is off.
+    pub fn submit_prefixed(
+        &mut self,
+        now: Micros,
+        prompt_tokens: u32,
+        max_tokens: u32,
+        prefix: Vec<u64>,
+    ) -> Result<SeqId, SubmitError> {
         if max_tokens == 0 {
             return Err(SubmitError::ZeroMaxTokens);
         }
@@ -213,6 +253,8 @@ impl Engine {
                 prefill_left: prompt_tokens,
                 blocks: 0,
                 running: false,
+                prefix,
+                cached: None,
             },
         );
         self.waiting.push_back(id);
@@ -278,6 +320,8 @@ impl Engine {
             prompt_tokens_total: self.prompt_tokens_total,
             generation_tokens_total: self.generation_tokens_total,
             preemptions_total: self.preemptions_total,
+            prefix_cache_queries_total: self.prefix_queries_total,
+            prefix_cache_hits_total: self.prefix_hits_total,
         }
     }
 
@@ -286,6 +330,7 @@ impl Engine {
     }
 }
 
+pub mod prefix;
 mod schedule;
 #[cfg(test)]
 mod tests;

@@ -1,7 +1,8 @@
 //! One step of the engine: building its batch (running sequences, then FIFO admissions),
 //! preempting when the cache is full, and applying the step once it has ended.
 
-use super::{Engine, Micros, SeqId, Step, Token};
+use super::prefix::PrefixCache;
+use super::{Engine, Micros, Seq, SeqId, Step, Token};
 
 impl Engine {
     /// Builds the batch of a step starting at `t`: running sequences first, oldest first
@@ -71,7 +72,8 @@ impl Engine {
 
     /// Strict FIFO: admits from the head of the queue while a sequence slot, the blocks
     /// for its context plus one token, and token budget are there; stops at the first
-    /// that does not fit.
+    /// that does not fit. With prefix caching, an admitted prompt's cached blocks skip
+    /// prefill.
     fn admit(&mut self, t: Micros, budget: &mut u32, batch: &mut Vec<(SeqId, u32)>) {
         while let Some(&id) = self.waiting.front() {
             if self.running.len() >= self.cfg.max_num_seqs as usize || *budget == 0 {
@@ -89,6 +91,11 @@ impl Engine {
             self.waiting.pop_front();
             seq.blocks = need;
             seq.running = true;
+            if let Some(cache) = self.prefix.as_mut() {
+                let cached = seq.skip_cached(cache, self.cfg.block_size);
+                self.prefix_queries_total += u64::from(seq.prompt);
+                self.prefix_hits_total += u64::from(cached);
+            }
             let n = seq.prefill_left.min(*budget);
             self.used_blocks += need;
             self.running.push(id);
@@ -132,6 +139,7 @@ impl Engine {
                 index: seq.generated - 1,
                 last,
                 at: step.end,
+                cached: seq.cached.unwrap_or(0),
             });
             if last {
                 self.used_blocks -= seq.blocks;
@@ -144,5 +152,20 @@ impl Engine {
             self.running.retain(|r| seqs.contains_key(r));
         }
         self.spare = step.batch;
+    }
+}
+
+impl Seq {
+    /// Looks the prompt's blocks up at admission (and makes them the most recently used):
+    /// the leading cached ones need no prefill, but the last context token is always
+    /// computed (vLLM recomputes it to sample from). Returns the tokens skipped.
+    fn skip_cached(&mut self, cache: &mut PrefixCache, block_size: u32) -> u32 {
+        let hit = cache.admit(&self.prefix) as u64 * u64::from(block_size);
+        let cached = u32::try_from(hit)
+            .unwrap_or(u32::MAX)
+            .min(self.prefill_left.saturating_sub(1));
+        self.prefill_left -= cached;
+        self.cached.get_or_insert(cached);
+        cached
     }
 }

@@ -12,6 +12,7 @@ fn cfg() -> EngineConfig {
         prefill_tokens_per_s: 10_000.0,
         decode_step_base_ms: 8.0,
         decode_step_per_seq_ms: 0.25,
+        enable_prefix_caching: false,
     }
 }
 
@@ -223,12 +224,54 @@ fn arrivals_during_a_step_join_at_the_next_boundary() {
     assert_eq!(first_token_at(&tokens, b), 8_350 + 8_600);
 }
 
+/// Submits at `now` into an idle engine and runs it: the time to the first token, and
+/// the cached tokens it reports.
+fn alone(e: &mut Engine, now: Micros, prompt: u32, blocks: &[u64]) -> (Micros, u32) {
+    e.clock = now;
+    let id = e.submit_prefixed(now, prompt, 1, blocks.to_vec()).unwrap();
+    let tokens = run(e);
+    let first = tokens.iter().find(|t| t.id == id).unwrap();
+    (first.at - now, first.cached)
+}
+
+#[test]
+fn cached_prefix_blocks_skip_prefill() {
+    let mut c = cfg();
+    c.enable_prefix_caching = true;
+    let mut e = Engine::new(c);
+    // 6 full blocks of 16 tokens (64 bytes each) and a partial one: 100 tokens.
+    let text = [b'a'; 400];
+    let blocks = prefix::block_hashes(&text, e.cfg.block_bytes());
+    assert_eq!(blocks.len(), 6);
+    // Cold: 100 tokens at 10k tok/s + 8.25 ms.
+    assert_eq!(alone(&mut e, 0, 100, &blocks), (18_250, 0));
+    // Warm: 96 tokens cached, 4 prefilled.
+    assert_eq!(alone(&mut e, 100 * MS, 100, &blocks), (8_650, 96));
+    // A prompt all in cache still computes its last token.
+    assert_eq!(alone(&mut e, 200 * MS, 96, &blocks), (8_350, 95));
+    // A different first block: nothing is cached.
+    let other = prefix::block_hashes(&[b'b'; 400], 64);
+    assert_eq!(alone(&mut e, 300 * MS, 100, &other), (18_250, 0));
+    let load = e.load();
+    assert_eq!(load.prefix_cache_queries_total, 396);
+    assert_eq!(load.prefix_cache_hits_total, 191);
+    assert_eq!(load.prompt_tokens_total, 396 - 191, "computed prefill only");
+
+    // Off (the default), the same blocks change nothing.
+    let mut e = Engine::new(cfg());
+    assert_eq!(alone(&mut e, 0, 100, &blocks), (18_250, 0));
+    assert_eq!(alone(&mut e, 100 * MS, 100, &blocks), (18_250, 0));
+    assert_eq!(e.load().prefix_cache_queries_total, 0);
+}
+
 /// A seeded random workload: the block pool is never overdrawn, every sequence gets
-/// exactly its tokens, and the same arrivals give the same schedule.
+/// exactly its tokens, and the same arrivals give the same schedule; with prefix caching
+/// too (prompts drawn from a few shared texts).
 #[test]
 fn random_workload_keeps_invariants_and_is_deterministic() {
-    let trace = |seed: u64| {
+    let trace = |seed: u64, caching: bool| {
         let mut c = cfg();
+        c.enable_prefix_caching = caching;
         c.kv_blocks = 40;
         c.block_size = 8;
         c.max_num_seqs = 6;
@@ -244,7 +287,9 @@ fn random_workload_keeps_invariants_and_is_deterministic() {
             match rng.below(10) {
                 0..=3 => {
                     let (p, m) = (1 + rng.below(120) as u32, 1 + rng.below(60) as u32);
-                    if let Ok(id) = e.submit(now, p, m) {
+                    let text = vec![b'a' + rng.below(3) as u8; p as usize * 4];
+                    let blocks = prefix::block_hashes(&text, c.block_bytes());
+                    if let Ok(id) = e.submit_prefixed(now, p, m, blocks) {
                         expected.insert(id, m);
                     }
                 }
@@ -275,10 +320,14 @@ fn random_workload_keeps_invariants_and_is_deterministic() {
         }
         (out, e.load())
     };
-    let (a, load) = trace(7);
+    let (a, load) = trace(7, false);
     assert!(
         load.preemptions_total > 0,
         "the workload should overflow the cache"
     );
-    assert_eq!(trace(7), (a, load));
+    assert_eq!(trace(7, false), (a, load));
+    let (b, load) = trace(7, true);
+    assert!(load.prefix_cache_hits_total > 0);
+    assert!(load.prefix_cache_hits_total < load.prefix_cache_queries_total);
+    assert_eq!(trace(7, true), (b, load));
 }
