@@ -4,6 +4,11 @@
 //! `MemberState` from the busy set, the worker's down mark and this core's in-flight count,
 //! and run `route::pick`, for a model of 8 and of 64 members in round-robin, power-of-two
 //! and least-loaded. A quarter of the members are busy, loads and in-flight counts vary.
+//!
+//! `kv` mode (`route_kv`): the whole decision as `proxy::pick` makes it, `route::decide_kv`
+//! on the core's scratch: hash a chat prompt of 4 KiB or 64 KiB (chunks of 16 tokens),
+//! look up the predicted-cache index for every eligible member (one of them holds the
+//! first half of the prompt, the others the system prompt), cost, pick and record.
 
 #[path = "fleet.rs"]
 mod fleet;
@@ -118,5 +123,111 @@ fn routing(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, routing);
+/// A chat body's `messages` value of about `bytes`: a system prompt (1 KiB) and the
+/// conversation `conv`'s history.
+fn messages(conv: usize, bytes: usize) -> String {
+    let system = "You are a helpful assistant. ".repeat(37);
+    let turn = format!("conversation {conv}: tell me more about that. ");
+    let history = turn.repeat(bytes.saturating_sub(system.len()) / turn.len() + 1);
+    format!(
+        r#"[{{"role":"system","content":"{system}"}},{{"role":"user","content":"{}"}}]"#,
+        &history[..bytes.saturating_sub(system.len()).min(history.len())]
+    )
+}
+
+fn kv_routing(c: &mut Criterion) {
+    let now = spillway::runtime::clock::now_ms();
+    let mut g = c.benchmark_group("route_kv");
+    for members in [8usize, 64] {
+        let (snap, core, _replica) = setup(members, "kv");
+        let model = &snap.models[0];
+        let kv = model.kv.as_deref().unwrap();
+        let mut scratch = vec![0u64; spillway::route::prefix::MAX_CHUNKS];
+        for kib in [4usize, 64] {
+            let prompt = messages(1, kib * 1024);
+            let tokens = prompt.len() as u64 / 4;
+            // Every member holds the system prompt; member 2 the first half of this one.
+            let state = |i: usize| MemberState {
+                busy: i % 4 == 1,
+                ..MemberState::default()
+            };
+            for i in 0..members {
+                let other = messages(100 + i, 2048);
+                let all = |_: usize| MemberState::default();
+                let mut rng = Rng::new(i as u64 + 1);
+                let only = |j: usize| MemberState {
+                    unreachable: j != i,
+                    ..all(j)
+                };
+                route::decide_kv(
+                    &kv.cache,
+                    &kv.settings,
+                    other.as_bytes(),
+                    512,
+                    members,
+                    only,
+                    &mut scratch,
+                    now,
+                    &mut rng,
+                );
+            }
+            let half = messages(1, kib * 512);
+            let to_2 = |j: usize| MemberState {
+                unreachable: j != 2,
+                ..MemberState::default()
+            };
+            let mut rng = Rng::new(7);
+            route::decide_kv(
+                &kv.cache,
+                &kv.settings,
+                half.as_bytes(),
+                tokens / 2,
+                members,
+                to_2,
+                &mut scratch,
+                now,
+                &mut rng,
+            );
+            let d = route::decide_kv(
+                &kv.cache,
+                &kv.settings,
+                prompt.as_bytes(),
+                tokens,
+                members,
+                state,
+                &mut scratch,
+                now,
+                &mut rng,
+            );
+            assert_eq!(
+                d.pick,
+                Pick::Member(2),
+                "the member holding half the prompt"
+            );
+            let mut rng = core.rng.borrow_mut();
+            g.bench_with_input(
+                BenchmarkId::new(format!("{members}_workers"), format!("{kib}KiB")),
+                &kib,
+                |b, _| {
+                    b.iter(|| {
+                        black_box(route::decide_kv(
+                            &kv.cache,
+                            &kv.settings,
+                            black_box(prompt.as_bytes()),
+                            tokens,
+                            members,
+                            state,
+                            &mut scratch,
+                            now,
+                            &mut rng,
+                        ))
+                    })
+                },
+            );
+        }
+    }
+    g.finish();
+}
+
+criterion_group!(benches, routing, kv_routing);
 criterion_main!(benches);

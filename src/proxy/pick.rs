@@ -5,8 +5,6 @@
 use super::core::CoreCtx;
 use super::error::{Refusal, RequestError};
 use super::request::Outbound;
-use crate::route::cache::MAX_MEMBERS;
-use crate::route::prefix::{chunk_bytes, prompt_hashes};
 use crate::route::{self, DirectRefusal, MemberState, Pick, RouterMode};
 use crate::runtime::clock;
 use crate::shed::{Class, Why};
@@ -113,8 +111,7 @@ pub(super) fn pick(
     }
 }
 
-/// `kv` mode: hash the prompt's chunks, look up each candidate's predicted overlap, pick
-/// by cost, and record the prediction that the chosen member now holds the prefix.
+/// `kv` mode: the decision (`route::decide_kv`) on this core's scratch, and its metrics.
 fn pick_kv(
     ctx: &CoreCtx,
     req: &Outbound<'_>,
@@ -125,44 +122,31 @@ fn pick_kv(
 ) -> Pick {
     let started = clock::now();
     let n = req.model.members.len();
-    let mut scratch = ctx.kv_hashes.borrow_mut();
-    let block_size = kv.settings.kv_cache_block_size;
-    let chunks = prompt_hashes(prompt, chunk_bytes(block_size), &mut scratch);
-    let hashes = &scratch[..chunks];
-    let candidates = (0..n.min(MAX_MEMBERS))
-        .filter(|&i| {
-            let s = state(i);
-            !s.unreachable && !s.busy
-        })
-        .fold(0u64, |m, i| m | 1 << i);
-    let mut overlaps = [0u32; MAX_MEMBERS];
-    kv.cache.overlaps(hashes, candidates, now, &mut overlaps);
-    let overlap = |i: usize| overlaps.get(i).copied().unwrap_or(0);
-    let blocks = req.prompt_tokens.div_ceil(u64::from(block_size.max(1)));
-    let picked = route::pick_kv(
-        n,
-        &state,
-        overlap,
-        blocks,
+    let d = route::decide_kv(
+        &kv.cache,
         &kv.settings,
+        prompt,
+        req.prompt_tokens,
+        n,
+        state,
+        &mut ctx.kv_hashes.borrow_mut(),
+        now,
         &mut ctx.rng.borrow_mut(),
     );
-    if let Pick::Member(i) = picked {
-        let recorded = kv.cache.record(hashes, i, now);
+    if let Pick::Member(i) = d.pick {
         let cells = &req.model.metrics.cores[ctx.id];
-        let hit = if blocks == 0 {
-            0.0
-        } else {
-            f64::from(overlap(i)) / blocks as f64
+        let hit = match d.blocks {
+            0 => 0.0,
+            b => f64::from(d.overlap) / b as f64,
         };
         cells.kv_hit_rate.observe(&KV_HIT_BUCKETS, hit);
-        cells.kv_recorded(recorded.added, recorded.evicted);
+        cells.kv_recorded(d.recorded.added, d.recorded.evicted);
         let worker = &req.snap.workers[req.model.members[i].worker as usize].state;
-        worker.kv_hit(ctx.id, u64::from(overlap(i)), blocks);
+        worker.kv_hit(ctx.id, u64::from(d.overlap), d.blocks);
         let secs = clock::since(started).as_secs_f64();
         cells.router_overhead.observe(&OVERHEAD_BUCKETS, secs);
     }
-    picked
+    d.pick
 }
 
 /// Why the least busy busy member of `model` is busy for `class` (the one closest to its

@@ -25,6 +25,8 @@ pub const MAX_MEMBERS: usize = 64;
 /// Entries per bucket.
 const WAYS: usize = 4;
 const MIN_ENTRIES: usize = 1 << 10;
+/// A held chunk's last use is rewritten at most this many times per TTL.
+const REFRESH_EVERY: u64 = 16;
 const MAX_ENTRIES: usize = 1 << 21;
 
 #[derive(Debug, Default)]
@@ -182,6 +184,11 @@ impl PredictedCache {
     fn set(&self, h: u64, bit: u64, now_ms: u64) -> (bool, bool) {
         let bucket = self.bucket(h);
         if let Some(e) = bucket.iter().find(|e| e.tag.load(Acquire) == h) {
+            // Held and refreshed lately: nothing to write (no shared line dirtied).
+            let age = now_ms.saturating_sub(e.stamp.load(Relaxed));
+            if age < self.ttl_ms / REFRESH_EVERY && e.members.load(Relaxed) & bit != 0 {
+                return (false, false);
+            }
             let fresh = self.fresh(e.stamp.swap(now_ms, Relaxed), now_ms);
             let before = if fresh {
                 e.members.fetch_or(bit, Release)
