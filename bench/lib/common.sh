@@ -244,3 +244,33 @@ machine_header() {
   echo "- Load average at start: $(cut -d' ' -f1-3 /proc/loadavg) (the 2 CPUs are shared with other engineers' builds and tests; see Caveats)"
   echo "- Date: $(date -u +%Y-%m-%dT%H:%MZ); Spillway $(git -C "$REPO_DIR" describe --always --dirty 2>/dev/null) ($("$SPILLWAY" --version))"
 }
+
+# ensure_dynamo: NVIDIA Dynamo's frontend and mocker (ai-dynamo and ai-dynamo-runtime
+# $DYNAMO_VERSION) in the venv $DYN_VENV; sets DPY to its python. When they are missing and
+# cannot be installed (no package index, pip fails), says why and exits 0: the peer is
+# skipped, not failed. (bench/overload/dynamo.sh keeps its own older copy of this.)
+ensure_dynamo() {
+  DPY="$DYN_VENV/bin/python"
+  local probe='import importlib.metadata as m, dynamo.frontend, dynamo.mocker, tokenizers
+assert m.version("ai-dynamo") == m.version("ai-dynamo-runtime") == "'"$DYNAMO_VERSION"'"'
+  if "$DPY" -c "$probe" 2>/dev/null; then return 0; fi
+  local index=${PIP_INDEX_URL:-https://pypi.org/simple}
+  if ! python3 -c 'import sys, urllib.request as u; u.urlopen(sys.argv[1].rstrip("/") + "/ai-dynamo/", timeout=15)' "$index" 2>/dev/null; then
+    log "skipped: the package index ($index) cannot be reached, and Dynamo is not installed in $DYN_VENV"
+    exit 0
+  fi
+  log "installing NVIDIA Dynamo $DYNAMO_VERSION into $DYN_VENV (pip, a minute or two once)"
+  [[ -x $DPY ]] || python3 -m venv "$DYN_VENV" || { need python3 python3-venv; python3 -m venv "$DYN_VENV"; }
+  # --no-deps: ai-dynamo depends on `aisimulate`, which downloads from an index that cannot be
+  # reached; the frontend and the mocker never import it. These are the ones they do import.
+  # (pip's resolver then reports an ERROR about the missing aisimulate: expected, harmless.)
+  if ! { nice -n 10 "$DYN_VENV/bin/pip" install -q --disable-pip-version-check --no-deps \
+      "ai-dynamo==$DYNAMO_VERSION" "ai-dynamo-runtime==$DYNAMO_VERSION" \
+    && nice -n 10 "$DYN_VENV/bin/pip" install -q --disable-pip-version-check aiohttp certifi \
+      'kubernetes<33' msgspec prometheus-client pyzmq redis tqdm transformers tokenizers \
+      zstandard 'pydantic<=2.13.5' uvloop; }; then
+    log "skipped: pip install of Dynamo $DYNAMO_VERSION failed (see above)"
+    exit 0
+  fi
+  "$DPY" -c "$probe" || { log "skipped: Dynamo $DYNAMO_VERSION installed but does not import"; exit 0; }
+}
