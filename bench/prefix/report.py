@@ -32,13 +32,14 @@ ms, pct, load_run = base.ms, base.pct, base.load_run
 
 SETUP_NAMES = {
     "kv": "Spillway kv (prefix-aware)",
+    "kv-default": "Spillway kv, Dynamo's default prefill load scale 1.0",
     "round-robin": "Spillway round-robin",
     "power-of-two": "Spillway power-of-two",
     "least-loaded": "Spillway least-loaded",
     "oracle": "oracle: direct, conversation mod engines",
 }
-ORDER = ["kv", "round-robin", "power-of-two", "least-loaded", "oracle"]
-COLORS = {"kv": "tab:red", "round-robin": "tab:blue", "power-of-two": "tab:green",
+ORDER = ["kv", "kv-default", "round-robin", "power-of-two", "least-loaded", "oracle"]
+COLORS = {"kv": "tab:red", "kv-default": "tab:orange", "round-robin": "tab:blue", "power-of-two": "tab:green",
           "least-loaded": "tab:purple", "oracle": "black"}
 HITS, QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total"
 
@@ -162,6 +163,38 @@ def acceptance(by, ratio_setups, one=1.0):
 
 
 # --- the Spillway report ------------------------------------------------------------------
+def capacity_section(a, c1, b, step_s, c_model, cap):
+    """How C was found: measured through round-robin (the default) or the no-reuse model."""
+    model = (f"the time model (bench/overload's `model_capacity` with this workload's mean prompt "
+             f"of {a.mean_prompt_tokens:.0f} tokens, every prompt prefilled in full: batch B = {b}, "
+             f"step ≈ {step_s * 1000:.1f} ms) gives **{c1:.2f} req/s per engine, {c_model:.1f} req/s "
+             f"for {a.engines}** without any prefix reuse")
+    if a.capacity_basis == "round-robin" and cap:
+        return [
+            "## Capacity C (round-robin, measured)", "",
+            f"- C is the fleet's capacity as a cache-blind router finds it: a closed loop of "
+            f"{cap[2]['closed']} conversations back to back through Spillway in round-robin mode, "
+            f"engines with their prefix cache, completions in [{a.capacity_warmup:.0f} s, "
+            f"{cap[2]['duration']:.0f} s): **C = {cap[0]:.1f} req/s**. That is what an operator "
+            "measures before turning `kv` on; the offered loads are multiples of it, so at 1×C "
+            "round-robin is at its limit, and a router that keeps more of the prefix reuse has "
+            "headroom there.",
+            f"- For reference, {model} ({100 * cap[0] / c_model:.0f} % of which round-robin reaches "
+            "with the reuse it finds by chance).", "",
+        ]
+    out = ["## Capacity C (no prefix reuse)", "",
+           f"- C: {model}. The offered loads are multiples of this C."]
+    if cap:
+        out.append(
+            f"- Measured (closed loop, {cap[2]['closed']} streams of these conversations straight "
+            f"to the engines, prefix caching off, completions in [{a.capacity_warmup:.0f} s, "
+            f"{cap[2]['duration']:.0f} s)): **{cap[0]:.1f} req/s**, {100 * cap[0] / c_model:.0f} % "
+            "of the model's figure.")
+    out += ["- With prefix reuse the engines' real capacity is higher (a cached prefix skips "
+            "prefill), so 1.5×C is an overload only for a router that loses the reuse.", ""]
+    return out
+
+
 def report(a):
     c1, b, step_s = model_capacity(a)
     c_model = a.engines * c1
@@ -201,21 +234,7 @@ def report(a):
         "start; their first requests carry history never sent before (a miss everywhere) and fall "
         "in the warm-up. A finished conversation is replaced by a new one at turn 0.",
         "",
-        "## Capacity C (no prefix reuse)", "",
-        f"- Time model (bench/overload's `model_capacity` with this workload's mean prompt of "
-        f"{a.mean_prompt_tokens:.0f} tokens, every prompt prefilled in full): batch B = {b}, step ≈ "
-        f"{step_s * 1000:.1f} ms, C = (B/M)/step = **{c1:.2f} req/s per engine, {c_model:.1f} req/s "
-        f"for {a.engines}**. The offered loads are multiples of this C.",
-    ]
-    if cap:
-        md.append(
-            f"- Measured (closed loop, {cap[2]['closed']} streams of these conversations straight "
-            f"to the engines, prefix caching off, completions in [{a.capacity_warmup:.0f} s, "
-            f"{cap[2]['duration']:.0f} s)): **{cap[0]:.1f} req/s**, {100 * cap[0] / c_model:.0f} % "
-            "of the model's figure.")
-    md += [
-        "- With prefix reuse the engines' real capacity is higher (a cached prefix skips prefill), "
-        "so 1.5×C is an overload only for a router that loses the reuse.", "",
+    ] + capacity_section(a, c1, b, step_s, c_model, cap) + [
         "## Results", "",
         f"Window: requests that arrived in [{a.warmup:.0f} s, {a.duration:.0f} s) (completions: "
         f"those that ended in it); TTFT from the scheduled arrival, over admitted requests (`≥`: "
@@ -372,7 +391,9 @@ def plot(a, rows, setups, loads):
             ax2.plot([k for k, _ in hp], [100 * r["hit_rate"] for _, r in hp], style, marker="o",
                      color=COLORS.get(s), label=SETUP_NAMES[s])
     ax1.set_yscale("log")
-    ax1.set_xlabel("offered load (× C, capacity without prefix reuse)")
+    ax1.set_xlabel("offered load (× C, round-robin's measured capacity)"
+                   if a.capacity_basis == "round-robin"
+                   else "offered load (× C, capacity without prefix reuse)")
     ax1.set_ylabel("TTFT p50 (ms, log)")
     ax1.set_title("TTFT p50 vs offered load")
     ax1.grid(True, which="both", alpha=0.3)
@@ -527,6 +548,8 @@ def main():
         q.add_argument("--out-json", required=True)
     r = sub.choices["report"]
     r.add_argument("--c-model-per-engine", type=float, default=0)
+    r.add_argument("--capacity-basis", choices=["round-robin", "model"], default="model")
+    r.add_argument("--c-total", type=float, default=0)
     r.add_argument("--engines", type=int, default=4)
     r.add_argument("--config-dir", required=True)
     r.add_argument("--out-png", required=True)
@@ -535,7 +558,13 @@ def main():
     y.add_argument("--capacity-ticks", type=float, default=0)
     y.add_argument("--probe-tokens", default="")
     y.add_argument("--spillway-summary", default="")
+    m = sub.add_parser("measured")
+    m.add_argument("--capacity", required=True)
+    m.add_argument("--capacity-warmup", type=float, default=10)
     a = p.parse_args()
+    if a.cmd == "measured":
+        print(f"{base.capacity_measured(a.capacity, a.capacity_warmup)[0]:.2f}")
+        return 0
     if a.cmd == "capacity":
         print(f"{model_capacity(a)[0]:.3f}")
         return 0

@@ -10,7 +10,12 @@
 # and a new user message; open loop (Poisson arrivals at LOADS × C), an arrival goes to the
 # conversation that has been ready longest, a conversation's next turn only after its
 # previous one completed. Setups (each run: fresh engines, fresh proxy; interleaved per load):
-#   kv            router_mode = "kv" (prefix-aware, Spillway's predicted-cache index)
+#   kv            router_mode = "kv" (prefix-aware, Spillway's predicted-cache index), with
+#                 router_prefill_load_scale = PREFILL_LOAD_SCALE (8 here: on this engine a block
+#                 of prefill, 16 tokens at 20k tokens/s, costs 0.8 ms of step time, so reusing a
+#                 block outweighs more of the decode-load difference than Dynamo's default 1.0
+#                 lets it; see the report)
+#   kv-default    the same with Dynamo's default router_prefill_load_scale = 1.0
 #   round-robin   router_mode = "round-robin"
 #   power-of-two  router_mode = "power-of-two"
 #   least-loaded  router_mode = "least-loaded"
@@ -21,15 +26,23 @@
 # router_mode = "kv" before it exists) is skipped with a log line; engines without
 # --enable-prefix-caching run without it (hit rates then read "–", with a warning).
 #
-# C, the engines' capacity for this workload WITHOUT prefix reuse: the mock's time model
-# (report.py capacity, bench/overload's model with the workload's mean prompt length) sets
-# the loads; a closed-loop run with prefix caching off (CAP_STREAMS streams straight to the
-# engines) measures it as a check. Placement: Spillway (cores = 1) on CPU 0; the engines and
-# the load generator on CPU 1.
+# C, the loads' unit (CAPACITY):
+#   round-robin (default)  the fleet's capacity as a cache-blind router finds it: the
+#                          throughput of a closed loop (CAP_STREAMS conversations back to
+#                          back) through Spillway in round-robin mode, engines with their
+#                          prefix cache: what an operator measures before turning kv on.
+#                          At 1×C round-robin is at its limit; a router that keeps more of the
+#                          reuse has headroom there.
+#   model                  the engines' capacity WITHOUT prefix reuse, from the mock's time
+#                          model (report.py capacity, bench/overload's model with the
+#                          workload's mean prompt), checked by a closed loop with caching
+#                          off straight to the engines. Every router has headroom at 1×C.
+# Placement: Spillway (cores = 1) on CPU 0; the engines and the load generator on CPU 1.
 #
 # Knobs (environment, defaults below): LOADS SETUPS DURATION WARMUP DRAIN ENGINES
 # CONVERSATIONS TURNS SYSTEM_TOKENS USER_TOKENS ASSISTANT_TOKENS MAX_TOKENS KV_BLOCKS
-# PREFIX_CACHING (0: engines without the prefix cache) CAP_DURATION (0: no measurement)
+# PREFIX_CACHING (0: engines without the prefix cache) CAPACITY CAP_DURATION (0: no
+# measurement; CAPACITY=model only)
 # CAP_WARMUP CAP_STREAMS KV_BLOCK_SIZE ROUTER_TEMPERATURE PREFILL_LOAD_SCALE ROUTER_TTL_SECS
 # PUSH_MS (empty: engines do not push load; Spillway tracks its own) SPILLWAY_EXTRA_TOML
 # (appended to every Spillway config's [[models]] section) SEED RESULT_NAME NOTE
@@ -39,7 +52,7 @@
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/common.sh"
 
 LOADS=${LOADS:-"0.5 1 1.5"}
-SETUPS=${SETUPS:-"kv round-robin power-of-two least-loaded oracle"}
+SETUPS=${SETUPS:-"kv kv-default round-robin power-of-two least-loaded oracle"}
 DURATION=${DURATION:-34}
 WARMUP=${WARMUP:-14}     # ≥ CONVERSATIONS / lowest rate: the cold first turns (see loadgen.py)
 DRAIN=${DRAIN:-4}
@@ -51,7 +64,8 @@ USER_TOKENS=${USER_TOKENS:-128}
 MAX_TOKENS=${MAX_TOKENS:-64}
 ASSISTANT_TOKENS=${ASSISTANT_TOKENS:-256} # reply length in the history (see loadgen.py)
 PREFIX_CACHING=${PREFIX_CACHING:-1}
-CAP_DURATION=${CAP_DURATION:-30}         # capacity measurement: closed loop, caching off
+CAPACITY=${CAPACITY:-round-robin}        # the loads' unit C: round-robin | model (above)
+CAP_DURATION=${CAP_DURATION:-30}         # capacity measurement: closed loop
 CAP_WARMUP=${CAP_WARMUP:-12}
 MAX_SECONDS=${MAX_SECONDS:-900}
 SEED=${SEED:-7}
@@ -62,10 +76,10 @@ BLOCK_SIZE=16; MAX_NUM_SEQS=64; MAX_NUM_BATCHED_TOKENS=2048
 PREFILL_TPS=20000; STEP_MS=8; STEP_PER_SEQ_MS=0.25
 CAP_STREAMS=${CAP_STREAMS:-$((ENGINES * MAX_NUM_SEQS * 5 / 4))}
 MODEL=mock-model
-# router_mode = "kv" keys (the values are Spillway's defaults, spelled out).
+# router_mode = "kv" keys (Spillway's defaults, spelled out, but the prefill load scale).
 KV_BLOCK_SIZE=${KV_BLOCK_SIZE:-16}
 ROUTER_TEMPERATURE=${ROUTER_TEMPERATURE:-0.0}
-PREFILL_LOAD_SCALE=${PREFILL_LOAD_SCALE:-1.0}
+PREFILL_LOAD_SCALE=${PREFILL_LOAD_SCALE:-8}   # setup kv; kv-default uses 1.0
 ROUTER_TTL_SECS=${ROUTER_TTL_SECS:-120}
 PUSH_MS=${PUSH_MS:-}
 SPILLWAY_EXTRA_TOML=${SPILLWAY_EXTRA_TOML:-}
@@ -147,8 +161,9 @@ start_engines() { # tag cache(yes|no)
 stop_engines() { local p; for p in "${PID_ENG[@]}"; do stop_pid "$p"; done; }
 
 spillway_config() { # setup
-  local mode=$1 e
+  local mode=$1 e scale=$PREFILL_LOAD_SCALE
   [[ $1 == oracle ]] && mode=direct
+  [[ $1 == kv-default ]] && mode=kv && scale=1.0
   cat <<EOF
 listen = "127.0.0.1:$P_PROXY"
 admin_listen = "127.0.0.1:$P_ADMIN"
@@ -160,10 +175,10 @@ monitor_cpu = $PROXY_CPU
 name = "$MODEL"
 router_mode = "$mode"
 EOF
-  if [[ $1 == kv ]]; then
+  if [[ $mode == kv ]]; then
     echo "kv_cache_block_size = $KV_BLOCK_SIZE"
     echo "router_temperature = $ROUTER_TEMPERATURE"
-    echo "router_prefill_load_scale = $PREFILL_LOAD_SCALE"
+    echo "router_prefill_load_scale = $scale"
     echo "router_ttl_secs = $ROUTER_TTL_SECS"
   fi
   if [[ -n $SPILLWAY_EXTRA_TOML ]]; then printf '%s\n' "$SPILLWAY_EXTRA_TOML"; fi
@@ -182,8 +197,8 @@ RUN_SETUPS=()
 SKIPPED=()
 for setup in $SETUPS; do
   case $setup in
-    kv | round-robin | power-of-two | least-loaded | oracle) ;;
-    *) die "unknown setup $setup (kv round-robin power-of-two least-loaded oracle)" ;;
+    kv | kv-default | round-robin | power-of-two | least-loaded | oracle) ;;
+    *) die "unknown setup $setup (kv kv-default round-robin power-of-two least-loaded oracle)" ;;
   esac
   spillway_config "$setup" >"$T/spillway-$setup.toml"
   if "$SPILLWAY" check-config "$T/spillway-$setup.toml" >/dev/null 2>"$T/check-$setup.err"; then
@@ -211,14 +226,37 @@ loadgen() { # out label extra-args...
     || die "load generator failed: $(tail -5 "$T/loadgen.err")"
 }
 
-# --- 1. capacity without prefix reuse: closed loop, caching off, straight to the engines.
-if ((CAP_DURATION > 0)); then
-  log "measuring capacity without reuse: closed loop, $CAP_STREAMS streams, ${CAP_DURATION}s"
-  start_engines capacity no
-  loadgen "$T/runs/capacity.jsonl" capacity --ports "$ENGINE_PORTS" \
-    --closed "$CAP_STREAMS" --duration "$CAP_DURATION" --drain 3
-  stop_engines
-fi
+# --- 1. capacity: closed loop, through round-robin with caching on (CAPACITY=round-robin)
+# or straight to the engines with caching off (CAPACITY=model, a check of the time model).
+case $CAPACITY in
+  round-robin)
+    ((CAP_DURATION > 0)) || die "CAPACITY=round-robin measures C: CAP_DURATION must be > 0"
+    log "measuring capacity through round-robin: closed loop, $CAP_STREAMS streams, ${CAP_DURATION}s"
+    spillway_config round-robin >"$T/spillway-capacity.toml"
+    start_engines capacity yes
+    port_unused "$P_PROXY"
+    RUST_LOG=warn spawn $PROXY_CPU spillway-capacity "$SPILLWAY" --config "$T/spillway-capacity.toml"
+    CAP_PID=$SPAWNED
+    wait_port "$P_PROXY" "$CAP_PID"
+    loadgen "$T/runs/capacity.jsonl" capacity --ports "$P_PROXY" \
+      --closed "$CAP_STREAMS" --duration "$CAP_DURATION" --drain 3
+    stop_pid "$CAP_PID"
+    stop_engines
+    C_MODEL=$("$PY" "$HERE/report.py" measured --capacity "$T/runs/capacity.jsonl" \
+      --capacity-warmup "$CAP_WARMUP")
+    log "C (round-robin, measured) = $C_MODEL req/s for $ENGINES"
+    ;;
+  model)
+    if ((CAP_DURATION > 0)); then
+      log "measuring capacity without reuse: closed loop, $CAP_STREAMS streams, ${CAP_DURATION}s"
+      start_engines capacity no
+      loadgen "$T/runs/capacity.jsonl" capacity --ports "$ENGINE_PORTS" \
+        --closed "$CAP_STREAMS" --duration "$CAP_DURATION" --drain 3
+      stop_engines
+    fi
+    ;;
+  *) die "CAPACITY must be round-robin or model, not $CAPACITY" ;;
+esac
 
 # --- 2. the runs: for each load, each setup.
 SUMMARY="$T/summary.jsonl"
@@ -252,7 +290,7 @@ ELAPSED=$((SECONDS - START))
   echo "# Prefix reuse: KV-aware routing against load-only routing and a perfect-affinity oracle, multi-turn chat at 0.5–1.5 × C"
   echo
   if [[ -n ${NOTE:-} ]]; then echo "**Variant:** $NOTE"; echo; fi
-  echo "Generated by \`bench/prefix/run.sh\` (LOADS=\"$LOADS\" SETUPS=\"$SETUPS\" DURATION=${DURATION}s WARMUP=${WARMUP}s DRAIN=${DRAIN}s CONVERSATIONS=$CONVERSATIONS TURNS=$TURNS SYSTEM_TOKENS=$SYSTEM_TOKENS USER_TOKENS=$USER_TOKENS ASSISTANT_TOKENS=$ASSISTANT_TOKENS MAX_TOKENS=$MAX_TOKENS KV_BLOCKS=$KV_BLOCKS SEED=$SEED${PUSH_MS:+ PUSH_MS=$PUSH_MS}); run time ${ELAPSED}s."
+  echo "Generated by \`bench/prefix/run.sh\` (LOADS=\"$LOADS\" SETUPS=\"$SETUPS\" CAPACITY=$CAPACITY DURATION=${DURATION}s WARMUP=${WARMUP}s DRAIN=${DRAIN}s CONVERSATIONS=$CONVERSATIONS TURNS=$TURNS SYSTEM_TOKENS=$SYSTEM_TOKENS USER_TOKENS=$USER_TOKENS ASSISTANT_TOKENS=$ASSISTANT_TOKENS MAX_TOKENS=$MAX_TOKENS KV_BLOCKS=$KV_BLOCKS SEED=$SEED${PUSH_MS:+ PUSH_MS=$PUSH_MS}); run time ${ELAPSED}s."
   echo
   machine_header
   echo "- Tools: Python $("$PY" -c 'import platform; print(platform.python_version())') asyncio load generator (bench/prefix/loadgen.py on bench/overload/loadgen.py), matplotlib $("$PY" -c 'import matplotlib; print(matplotlib.__version__)')"
@@ -271,6 +309,7 @@ CAP_ARGS=()
   --block-size $BLOCK_SIZE --max-num-batched-tokens $MAX_NUM_BATCHED_TOKENS \
   --prefill-tps $PREFILL_TPS --step-ms $STEP_MS --step-per-seq-ms $STEP_PER_SEQ_MS \
   --mean-prompt-tokens "$MEAN_PTOK" --config-dir "$T" --clk-tck "$(getconf CLK_TCK)" \
+  --capacity-basis "$CAPACITY" --c-total "$C_MODEL" \
   --out-md "$RESULTS_DIR/$RESULT_NAME.md" --out-png "$RESULTS_DIR/$RESULT_NAME.png" \
   --out-json "$RESULTS_DIR/$RESULT_NAME-summary.json"
 if [[ -n ${KEEP_RAW:-} ]]; then

@@ -33,12 +33,19 @@ pub(super) async fn attempt<F: Future<Output = ReadDone>>(
     c: &mut Client<'_, F>,
     req: &Outbound<'_>,
     worker: &Worker,
+    cached_tokens: u64,
 ) -> Result<Done, AttemptError> {
     let limits = &req.snap.config.limits;
     let ticket = admit(worker, req.class, &mut c.reader).await?;
     let mut stream = connect_and_send(ctx, worker, &mut c.io.out, limits).await?;
     let block_size = worker.cfg.block_size;
-    let mut tracked = Tracked::start(&worker.state, ctx.id, req.prompt_tokens, block_size);
+    let mut tracked = Tracked::start(
+        &worker.state,
+        ctx.id,
+        req.prompt_tokens,
+        cached_tokens,
+        block_size,
+    );
     let mut resp = ResponseHead::default();
     read_response_head(c, &mut stream, limits, &mut resp).await?;
     if let Some(r) = refusal(resp.status, req.snap.config.overload_status_code) {

@@ -157,7 +157,7 @@ async fn exchange<F: Future<Output = ReadDone>>(
         let prompt = (c.io.out)
             .get(body_at + req.prompt.start..body_at + req.prompt.end)
             .unwrap_or_default();
-        let pos = match pick(ctx, req, worker_id.get(), prompt, tries.excluded, now) {
+        let picked = match pick(ctx, req, worker_id.get(), prompt, tries.excluded, now) {
             Ok(p) => p,
             // Refused by every worker tried, and nothing left: say why they refused.
             Err(RequestError::Overloaded(_) | RequestError::WorkerOverloaded(..))
@@ -168,8 +168,9 @@ async fn exchange<F: Future<Output = ReadDone>>(
             }
             Err(e) => return Forwarded::Rejected(e),
         };
+        let pos = picked.member;
         let worker = &req.snap.workers[req.model.members[pos].worker as usize];
-        let e = match attempt(ctx, c, req, worker).await {
+        let e = match attempt(ctx, c, req, worker, picked.cached_tokens).await {
             Ok(Done { keep_alive, status }) => return Forwarded::Done { keep_alive, status },
             Err(e) if !e.retry_safe() => {
                 if e == AttemptError::ClientGone {

@@ -74,24 +74,29 @@ pub(super) struct Tracked<'a> {
 }
 
 impl<'a> Tracked<'a> {
+    /// Starts tracking a request of `prompt_tokens`, of which `cached_tokens` are predicted
+    /// cached on the worker (`kv` routing; 0 otherwise): those hold KV blocks but need no
+    /// prefill.
     pub(super) fn start(
         state: &'a WorkerState,
         core: usize,
         prompt_tokens: u64,
+        cached_tokens: u64,
         block_size: u32,
     ) -> Tracked<'a> {
         let block_size = u64::from(block_size.max(1));
         let blocks = prompt_tokens.div_ceil(block_size);
+        let prefill = prompt_tokens.saturating_sub(cached_tokens);
         let cell = &state.tracked[core];
         add(&cell.inflight, 1);
-        add(&cell.prefill_tokens, prompt_tokens);
+        add(&cell.prefill_tokens, prefill);
         add(&cell.decode_blocks, blocks);
         Tracked {
             state,
             core,
             prompt_tokens,
             block_size,
-            prefill: prompt_tokens,
+            prefill,
             blocks,
             generated: 0,
         }
@@ -152,7 +157,7 @@ mod tests {
         let snap = Snapshot::standalone(cfg, 2).unwrap();
         let state = &snap.workers[0].state;
         {
-            let mut t = Tracked::start(state, 1, 100, 16);
+            let mut t = Tracked::start(state, 1, 100, 0, 16);
             assert_eq!(state.tracked[1].prefill_tokens.load(Relaxed), 100);
             assert_eq!(state.tracked[1].decode_blocks.load(Relaxed), 7);
             t.first_byte(Duration::from_millis(42));

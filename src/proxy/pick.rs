@@ -34,8 +34,17 @@ impl Excluded {
     }
 }
 
-/// Picks a member: its position in the model's list. `prompt` is the request's prompt
-/// value (`kv` mode hashes it).
+/// A member picked for an attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Picked {
+    /// Position in the model's member list.
+    pub member: usize,
+    /// Prompt tokens predicted cached there (`kv` mode; 0 otherwise): tracked as KV
+    /// blocks, not as prefill work.
+    pub cached_tokens: u64,
+}
+
+/// Picks a member. `prompt` is the request's prompt value (`kv` mode hashes it).
 pub(super) fn pick(
     ctx: &CoreCtx,
     req: &Outbound<'_>,
@@ -43,7 +52,7 @@ pub(super) fn pick(
     prompt: &[u8],
     ex: Excluded,
     now: u64,
-) -> Result<usize, RequestError> {
+) -> Result<Picked, RequestError> {
     let (model, snap, class) = (req.model, req.snap, req.class);
     let mut cache = ctx.busy.borrow_mut();
     let busy = cache.load();
@@ -75,16 +84,22 @@ pub(super) fn pick(
                 .name
                 .as_bytes()
         };
-        return route::pick_direct(worker_id, n, name, state).map_err(|r| match r {
+        let direct = route::pick_direct(worker_id, n, name, state);
+        let member = direct.map_err(|r| match r {
             DirectRefusal::MissingHeader => RequestError::DirectMissingHeader,
             DirectRefusal::UnknownWorker => RequestError::DirectUnknownWorker,
             DirectRefusal::Busy(i) => {
                 RequestError::DirectBusy(busy.why(class, model.members[i].id))
             }
             DirectRefusal::Unreachable => RequestError::Unavailable,
+        })?;
+        let cached_tokens = 0;
+        return Ok(Picked {
+            member,
+            cached_tokens,
         });
     }
-    let picked = if let Some(kv) = model.kv.as_deref() {
+    let (picked, cached_tokens) = if let Some(kv) = model.kv.as_deref() {
         pick_kv(ctx, req, kv, prompt, state, now)
     } else {
         let mut rr = ctx.rr(model.id);
@@ -96,10 +111,13 @@ pub(super) fn pick(
             &mut ctx.rng.borrow_mut(),
         );
         ctx.set_rr(model.id, rr);
-        picked
+        (picked, 0)
     };
     match picked {
-        Pick::Member(i) => Ok(i),
+        Pick::Member(member) => Ok(Picked {
+            member,
+            cached_tokens,
+        }),
         // Nothing busy by the published set: what excluded the rest were worker-local
         // refusals (this request's, or marks since the last publish). Say so.
         Pick::Overloaded if !(shed && model.members.iter().any(|m| busy.is_busy(class, m.id))) => {
@@ -111,7 +129,8 @@ pub(super) fn pick(
     }
 }
 
-/// `kv` mode: the decision (`route::decide_kv`) on this core's scratch, and its metrics.
+/// `kv` mode: the decision (`route::decide_kv`) on this core's scratch, and its metrics;
+/// with the prompt tokens predicted cached on the member picked.
 fn pick_kv(
     ctx: &CoreCtx,
     req: &Outbound<'_>,
@@ -119,7 +138,7 @@ fn pick_kv(
     prompt: &[u8],
     state: impl Fn(usize) -> MemberState,
     now: u64,
-) -> Pick {
+) -> (Pick, u64) {
     let started = clock::now();
     let n = req.model.members.len();
     let d = route::decide_kv(
@@ -146,7 +165,8 @@ fn pick_kv(
         let secs = clock::since(started).as_secs_f64();
         cells.router_overhead.observe(&OVERHEAD_BUCKETS, secs);
     }
-    d.pick
+    let block = u64::from(kv.settings.kv_cache_block_size.max(1));
+    (d.pick, u64::from(d.overlap) * block)
 }
 
 /// Why the least busy busy member of `model` is busy for `class` (the one closest to its
