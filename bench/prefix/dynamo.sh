@@ -10,8 +10,9 @@
 # parameters (max-num-seqs 64, KV_BLOCKS blocks of 16 tokens, max-num-batched-tokens 2048),
 # prefix caching on. The workload is run.sh's in tokens of a word-level tokenizer
 # (bench/overload/dynamo_model.py; loadgen.py --unit word): the same conversations, system
-# prompt, message and reply lengths. C, without prefix reuse, is measured: closed loop,
-# CAP_STREAMS conversation streams through a round-robin frontend, mocker prefix caching off.
+# prompt, message and reply lengths. C is measured as run.sh measures it by default: closed
+# loop, CAP_STREAMS conversation streams through a round-robin frontend, mocker prefix caching
+# on (the capacity a cache-blind router finds).
 # Setups (each run: a fresh mocker, a fresh frontend, fresh discovery state):
 #   kv            --router-mode kv (Dynamo's defaults: KV events from the workers, overlap
 #                 credit 1, prefill load scale 1, temperature 0)
@@ -95,13 +96,13 @@ MOCKER_ARGS=(--model-path "$MODEL_DIR" --model-name "$MODEL" --num-workers "$ENG
   --max-num-batched-tokens "$MAX_NUM_BATCHED_TOKENS" --speedup-ratio "$SPEEDUP")
 
 PID_MOCKER="" PID_FE="" FE_ARGS=()
-# start_dynamo SETUP TAG: SETUP capacity = round-robin frontend, mocker without prefix cache.
+# start_dynamo SETUP TAG: SETUP capacity = round-robin frontend (mocker with its prefix cache).
 # Returns 1 (after logging why) when Dynamo does not come up.
 start_dynamo() {
   local setup=$1 tag=$2 cache=(--enable-prefix-caching)
   local fe=(--http-host 127.0.0.1 --http-port "$P_FE")
   case $setup in
-    capacity) fe+=(--router-mode round-robin); cache=(--no-enable-prefix-caching) ;;
+    capacity) fe+=(--router-mode round-robin) ;;
     kv) fe+=(--router-mode kv) ;;
     kv-approx) fe+=(--router-mode kv --no-router-kv-events) ;;
     round-robin) fe+=(--router-mode round-robin) ;;
@@ -139,8 +140,8 @@ loadgen() { # out label extra-args...
     || die "load generator failed: $(tail -5 "$T/loadgen.err")"
 }
 
-# --- 1. capacity without prefix reuse: closed loop, round-robin, mocker caching off.
-log "measuring capacity: Dynamo mocker ($ENGINES workers, speedup $SPEEDUP, prefix caching off), closed loop, $CAP_STREAMS streams, ${CAP_DURATION}s"
+# --- 1. capacity as round-robin finds it: closed loop, round-robin, mocker caching on.
+log "measuring capacity: Dynamo mocker ($ENGINES workers, speedup $SPEEDUP, prefix caching on), round-robin, closed loop, $CAP_STREAMS streams, ${CAP_DURATION}s"
 start_dynamo capacity capacity || { log "skipped: Dynamo does not start here (see above)"; exit 0; }
 # Dynamo's own count of turn 0's prompt (chat template included), against the workload's.
 PROBE_TOKENS=$("$PY" - "$P_FE" "$HERE" "${WORKLOAD[@]}" <<'PY'
@@ -211,7 +212,7 @@ ELAPSED=$((SECONDS - START))
     | sed "s|^- Load average at start: [0-9. ]*|- Load average at start: $LOAD_START, at the end: $(cut -d' ' -f1-3 /proc/loadavg) |"
   echo "- Date: $(date -u +%Y-%m-%dT%H:%MZ); Dynamo: ai-dynamo $("$DPY" -c 'import importlib.metadata as m; print(m.version("ai-dynamo"))'), ai-dynamo-runtime $("$DPY" -c 'import importlib.metadata as m; print(m.version("ai-dynamo-runtime"))') (PyPI), Python $("$DPY" -c 'import platform; print(platform.python_version())')"
   echo "- Placement: Dynamo's frontend under \`taskset -c $FRONTEND_CPU\`; the mocker ($ENGINES workers in one process) and the load generator under \`taskset -c $LOAD_CPU\`; all at nice $BENCH_NICE."
-  echo "- Mocker: \`python -m dynamo.mocker ${MOCKER_ARGS[*]/$MODEL_DIR/MODEL_DIR} --enable-prefix-caching ${PLANES[*]}\` (capacity run: \`--no-enable-prefix-caching\`; MODEL_DIR: bench/overload/dynamo_model.py's word-level tokenizer)."
+  echo "- Mocker: \`python -m dynamo.mocker ${MOCKER_ARGS[*]/$MODEL_DIR/MODEL_DIR} --enable-prefix-caching ${PLANES[*]}\` (MODEL_DIR: bench/overload/dynamo_model.py's word-level tokenizer)."
   echo "- Frontends (capacity run: \`--router-mode round-robin\`):"
   printf '%s\n' "${FE_LINES[@]}" | sort -u | sed 's/^/  /'
   echo "- Environment of both: HF_HUB_OFFLINE=1, DYN_FILE_KV=<fresh folder per run>, DYN_TCP_RPC_HOST, DYN_EVENT_PLANE_HOST and DYN_TCP_RESPONSE_STREAM_HOST = 127.0.0.1, DYN_LOG=warn; no etcd, no NATS."

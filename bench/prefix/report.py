@@ -449,10 +449,10 @@ def dynamo_report(a):
            if a.probe_tokens else "") + ".",
         f"- C is measured (Dynamo's mocker has its own time model): closed loop, "
         f"{cap_meta['closed']} streams of these conversations through a round-robin frontend, "
-        f"mocker prefix caching off, completions in [{a.capacity_warmup:.0f} s, "
+        f"mocker prefix caching on (as `run.sh` measures it), completions in [{a.capacity_warmup:.0f} s, "
         f"{cap_meta['duration']:.0f} s): **C = {cap_rps:.1f} req/s** (frontend CPU "
         f"{fmt(a.capacity_ticks / a.clk_tck / max(1, cap_meta['requests']) * 1e6 if a.capacity_ticks else None, '.0f')} µs "
-        "per request). Loads are multiples of it, with prefix caching on.", "",
+        "per request). Loads are multiples of it.", "",
         "## Results", "",
         "Same window and definitions as `prefix.md`. Hit rate: the frontend's "
         f"`{DYN_HITS[0]}` (prompt tokens the mocker reported cached, per response) ÷ "
