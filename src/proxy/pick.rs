@@ -78,21 +78,7 @@ pub(super) fn pick(
     };
     let n = model.members.len();
     if model.router_mode == RouterMode::Direct {
-        let name = |i: usize| {
-            snap.workers[model.members[i].worker as usize]
-                .cfg
-                .name
-                .as_bytes()
-        };
-        let direct = route::pick_direct(worker_id, n, name, state);
-        let member = direct.map_err(|r| match r {
-            DirectRefusal::MissingHeader => RequestError::DirectMissingHeader,
-            DirectRefusal::UnknownWorker => RequestError::DirectUnknownWorker,
-            DirectRefusal::Busy(i) => {
-                RequestError::DirectBusy(busy.why(class, model.members[i].id))
-            }
-            DirectRefusal::Unreachable => RequestError::Unavailable,
-        })?;
+        let member = pick_direct(req, worker_id, busy, state)?;
         let cached_tokens = 0;
         return Ok(Picked {
             member,
@@ -127,6 +113,30 @@ pub(super) fn pick(
         Pick::Overloaded => Err(RequestError::Overloaded(least_busy(model, busy, class))),
         Pick::Unavailable => Err(RequestError::Unavailable),
     }
+}
+
+/// Direct mode: the member the `x-worker-id` header names, or why not.
+fn pick_direct(
+    req: &Outbound<'_>,
+    worker_id: Option<&[u8]>,
+    busy: &BusySet,
+    state: impl Fn(usize) -> MemberState,
+) -> Result<usize, RequestError> {
+    let (model, snap) = (req.model, req.snap);
+    let name = |i: usize| {
+        snap.workers[model.members[i].worker as usize]
+            .cfg
+            .name
+            .as_bytes()
+    };
+    route::pick_direct(worker_id, model.members.len(), name, state).map_err(|r| match r {
+        DirectRefusal::MissingHeader => RequestError::DirectMissingHeader,
+        DirectRefusal::UnknownWorker => RequestError::DirectUnknownWorker,
+        DirectRefusal::Busy(i) => {
+            RequestError::DirectBusy(busy.why(req.class, model.members[i].id))
+        }
+        DirectRefusal::Unreachable => RequestError::Unavailable,
+    })
 }
 
 /// `kv` mode: the decision (`route::decide_kv`) on this core's scratch, and its metrics;
