@@ -116,6 +116,8 @@ pub struct Load {
     pub used_blocks: u64,
     /// Context tokens not yet prefilled, over waiting and running sequences.
     pub prefill_tokens: u64,
+    /// Prompt tokens prefilled (recomputation after a preemption included) plus those found
+    /// in the prefix cache: vLLM counts every prompt token.
     pub prompt_tokens_total: u64,
     pub generation_tokens_total: u64,
     pub preemptions_total: u64,

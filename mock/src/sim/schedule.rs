@@ -95,6 +95,8 @@ impl Engine {
                 let cached = seq.skip_cached(cache, self.cfg.block_size);
                 self.prefix_queries_total += u64::from(seq.prompt);
                 self.prefix_hits_total += u64::from(cached);
+                // vLLM counts every prompt token, cached or computed.
+                self.prompt_tokens_total += u64::from(cached);
             }
             let n = seq.prefill_left.min(*budget);
             self.used_blocks += need;
