@@ -85,18 +85,10 @@ pub(super) fn pick(
                 .as_bytes()
         };
         let direct = route::pick_direct(worker_id, n, name, state);
-        let member = direct.map_err(|r| match r {
-            DirectRefusal::MissingHeader => RequestError::DirectMissingHeader,
-            DirectRefusal::UnknownWorker => RequestError::DirectUnknownWorker,
-            DirectRefusal::Busy(i) => {
-                RequestError::DirectBusy(busy.why(class, model.members[i].id))
-            }
-            DirectRefusal::Unreachable => RequestError::Unavailable,
-        })?;
-        let cached_tokens = 0;
+        let member = direct.map_err(|r| direct_refusal(r, model, busy, class))?;
         return Ok(Picked {
             member,
-            cached_tokens,
+            cached_tokens: 0,
         });
     }
     let (picked, cached_tokens) = if let Some(kv) = model.kv.as_deref() {
@@ -171,6 +163,16 @@ fn pick_kv(
 
 /// Why the least busy busy member of `model` is busy for `class` (the one closest to its
 /// threshold).
+/// Why `direct` mode cannot use the worker the request names.
+fn direct_refusal(r: DirectRefusal, model: &Model, busy: &BusySet, class: Class) -> RequestError {
+    match r {
+        DirectRefusal::MissingHeader => RequestError::DirectMissingHeader,
+        DirectRefusal::UnknownWorker => RequestError::DirectUnknownWorker,
+        DirectRefusal::Busy(i) => RequestError::DirectBusy(busy.why(class, model.members[i].id)),
+        DirectRefusal::Unreachable => RequestError::Unavailable,
+    }
+}
+
 fn least_busy(model: &Model, busy: &BusySet, class: Class) -> Option<Why> {
     model
         .members
