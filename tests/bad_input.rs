@@ -33,7 +33,7 @@ fn cases() -> Vec<(&'static str, Vec<u8>, u16, bool)> {
         ("invalid chunk size",
          b"POST /v1/completions HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n{\"model\":\"m\"}\r\n0\r\n\r\n".to_vec(), 400, true),
         ("unsupported transfer coding",
-         b"POST /v1/completions HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip\r\n\r\n".to_vec(), 501, true),
+         b"POST /v1/completions HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: gzip, chunked\r\n\r\n".to_vec(), 501, true),
         ("obs-fold", b"POST /v1/completions HTTP/1.1\r\nHost: h\r\nX-A: 1\r\n  folded\r\nContent-Length: 13\r\n\r\n{\"model\":\"m\"}".to_vec(), 400, true),
         ("chunked body too large", {
             let mut r = b"POST /v1/completions HTTP/1.1\r\nHost: h\r\nTransfer-Encoding: chunked\r\n\r\n".to_vec();

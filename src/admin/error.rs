@@ -66,6 +66,9 @@ pub enum AdminError {
     MethodNotAllowed,
     #[error(transparent)]
     Reload(#[from] ReloadError),
+    /// Over `admin_max_connections`.
+    #[error("Too many admin connections")]
+    TooManyConnections,
 }
 
 impl AdminError {
@@ -80,6 +83,7 @@ impl AdminError {
             AdminError::NotFound(_) => 404,
             AdminError::Unauthorized => 401,
             AdminError::MethodNotAllowed => 405,
+            AdminError::TooManyConnections => 503,
         }
     }
 
@@ -97,19 +101,27 @@ impl AdminError {
             AdminError::Unauthorized => "unauthorized",
             AdminError::MethodNotAllowed => "method_not_allowed",
             AdminError::Reload(_) => "reload_failed",
+            AdminError::TooManyConnections => "too_many_connections",
         }
     }
 
-    /// Only an interrupted reload may succeed when sent again unchanged.
+    /// An interrupted reload may succeed when sent again unchanged; a refused connection
+    /// did no work.
     pub fn retry_safe(&self) -> bool {
-        matches!(self, AdminError::Reload(ReloadError::Cancelled))
+        matches!(
+            self,
+            AdminError::Reload(ReloadError::Cancelled) | AdminError::TooManyConnections
+        )
     }
 
     /// The framing of the connection is in doubt: answer and close.
     pub fn closes_connection(&self) -> bool {
         matches!(
             self,
-            AdminError::Http(_) | AdminError::LengthRequired | AdminError::TooLarge(_)
+            AdminError::Http(_)
+                | AdminError::LengthRequired
+                | AdminError::TooLarge(_)
+                | AdminError::TooManyConnections
         )
     }
 }

@@ -6,8 +6,9 @@ mod error;
 mod routes;
 mod thresholds;
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
@@ -19,20 +20,71 @@ pub use routes::Request;
 use crate::http::canned::{canonical_reason, status_line};
 use crate::http::limits::{MAX_ADMIN_BODY, MAX_ADMIN_HEAD};
 use crate::http::request::{RequestHead, parse_request};
-use crate::http::{BodyFraming, Method};
+use crate::http::{BodyFraming, HttpError, Method};
 use crate::monitor::Control;
+use crate::runtime::clock;
 
-/// Serves one admin connection until it closes.
-pub async fn serve(control: Rc<RefCell<Control>>, mut stream: TcpStream) {
+/// The open admin connections, for `admin_max_connections`.
+#[derive(Debug, Clone, Default)]
+pub struct Connections(Rc<Cell<usize>>);
+
+/// One admin connection's place; given back on drop.
+struct Place(Rc<Cell<usize>>);
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.0.set(self.0.get().saturating_sub(1));
+    }
+}
+
+/// Takes an accepted admin connection: served on its own task, or, over
+/// `admin_max_connections`, answered 503 and closed at once. Either way the accept loop
+/// (and the monitor beside it) never waits for the client.
+pub fn accepted(control: &Rc<RefCell<Control>>, open: &Connections, stream: TcpStream) {
+    let (max, timeout) = {
+        let snap = control.borrow().shared.snapshot.load_full();
+        let limits = &snap.config.limits;
+        let timeout = Duration::from_millis(limits.admin_read_timeout_ms);
+        (limits.admin_max_connections, timeout)
+    };
+    if open.0.get() >= max {
+        monoio::spawn(async move {
+            let mut stream = stream;
+            let _ = write(
+                &mut stream,
+                AdminError::TooManyConnections.into(),
+                false,
+                true,
+                timeout,
+            )
+            .await;
+        });
+        return;
+    }
+    open.0.set(open.0.get() + 1);
+    let place = Place(open.0.clone());
+    monoio::spawn(serve(control.clone(), stream, timeout, place));
+}
+
+/// Serves one admin connection until it closes. Each request must arrive whole within
+/// `timeout` of the connection opening or of the previous answer (408 once it started,
+/// else a silent close), and each answer must be written within `timeout`.
+async fn serve(
+    control: Rc<RefCell<Control>>,
+    mut stream: TcpStream,
+    timeout: Duration,
+    _place: Place,
+) {
     let _ = stream.set_nodelay(true);
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut head = RequestHead::default();
     loop {
-        let total = match read_request(&mut stream, &mut buf, &mut head).await {
+        let deadline = clock::now() + timeout;
+        let total = match read_request(&mut stream, &mut buf, &mut head, deadline).await {
             Ok(Some(total)) => total,
             Ok(None) => return,
             Err(e) => {
-                let _ = write(&mut stream, e.into(), false, true).await;
+                let _ = write(&mut stream, e.into(), false, true, timeout).await;
                 return;
             }
         };
@@ -47,18 +99,19 @@ pub async fn serve(control: Rc<RefCell<Control>>, mut stream: TcpStream) {
         };
         let reply = routes::respond(&control, &req).await;
         buf.drain(..total);
-        if !write(&mut stream, reply, keep, with_body).await || !keep {
+        if !write(&mut stream, reply, keep, with_body, timeout).await || !keep {
             return;
         }
     }
 }
 
-/// Reads one request (head and Content-Length body) into `buf`; returns its length, or
-/// `None` when the client closed.
+/// Reads one request (head and Content-Length body) into `buf` by `deadline`; returns its
+/// length, or `None` when the client closed, or went quiet before sending anything.
 async fn read_request(
     stream: &mut TcpStream,
     buf: &mut Vec<u8>,
     head: &mut RequestHead,
+    deadline: Instant,
 ) -> Result<Option<usize>, AdminError> {
     loop {
         match parse_request(buf, MAX_ADMIN_HEAD, u64::MAX, head) {
@@ -66,8 +119,13 @@ async fn read_request(
             Ok(false) => {}
             Err(e) => return Err(AdminError::Http(e)),
         }
-        if !read_more(stream, buf).await {
-            return Ok(None);
+        match read_more(stream, buf, deadline).await {
+            Read::More => {}
+            Read::Closed => return Ok(None),
+            Read::TimedOut { quiet: true } => return Ok(None),
+            Read::TimedOut { quiet: false } => {
+                return Err(AdminError::Http(HttpError::HeaderTimeout));
+            }
         }
     }
     let body_len = match head.body {
@@ -81,24 +139,54 @@ async fn read_request(
     let total = head.head_len + body_len;
     buf.reserve(total.saturating_sub(buf.len()));
     while buf.len() < total {
-        if !read_more(stream, buf).await {
-            return Ok(None);
+        match read_more(stream, buf, deadline).await {
+            Read::More => {}
+            Read::Closed => return Ok(None),
+            Read::TimedOut { .. } => return Err(AdminError::Http(HttpError::BodyTimeout)),
         }
     }
     Ok(Some(total))
 }
 
-async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>) -> bool {
+/// How a read ended.
+enum Read {
+    More,
+    Closed,
+    /// The deadline passed; `quiet`: no byte of the request had arrived.
+    TimedOut {
+        quiet: bool,
+    },
+}
+
+/// One read into `buf`, bounded by `deadline`. On a timeout the buffer is gone with the
+/// cancelled read; the connection is closing then anyway.
+async fn read_more(stream: &mut TcpStream, buf: &mut Vec<u8>, deadline: Instant) -> Read {
     if buf.capacity() - buf.len() < 1024 {
         buf.reserve(4096);
     }
     let len = buf.len();
-    let (res, slice) = stream.read(std::mem::take(buf).slice_mut(len..)).await;
-    *buf = slice.into_inner();
-    matches!(res, Ok(n) if n > 0)
+    let wait = deadline.saturating_duration_since(clock::now());
+    let read = stream.read(std::mem::take(buf).slice_mut(len..));
+    match monoio::time::timeout(wait, read).await {
+        Ok((res, slice)) => {
+            *buf = slice.into_inner();
+            match res {
+                Ok(n) if n > 0 => Read::More,
+                _ => Read::Closed,
+            }
+        }
+        Err(_) => Read::TimedOut { quiet: len == 0 },
+    }
 }
 
-async fn write(stream: &mut TcpStream, reply: Reply, keep_alive: bool, with_body: bool) -> bool {
+/// Writes `reply`; false when the client is gone or did not take it within `timeout`.
+async fn write(
+    stream: &mut TcpStream,
+    reply: Reply,
+    keep_alive: bool,
+    with_body: bool,
+    timeout: Duration,
+) -> bool {
     let mut out = Vec::with_capacity(256 + reply.body.len());
     status_line(
         &mut out,
@@ -120,6 +208,8 @@ async fn write(stream: &mut TcpStream, reply: Reply, keep_alive: bool, with_body
     if with_body {
         out.extend_from_slice(&reply.body);
     }
-    let (res, _) = stream.write_all(out).await;
-    res.is_ok()
+    matches!(
+        monoio::time::timeout(timeout, stream.write_all(out)).await,
+        Ok((Ok(_), _))
+    )
 }

@@ -65,6 +65,8 @@ pub struct FileLimits {
     pub worker_down_backoff_ms: Option<Spanned<u64>>,
     pub worker_down_backoff_max_ms: Option<Spanned<u64>>,
     pub worker_refusal_hold_ms: Option<Spanned<u64>>,
+    pub admin_read_timeout_ms: Option<Spanned<u64>>,
+    pub admin_max_connections: Option<Spanned<usize>>,
 }
 
 #[derive(Debug, Deserialize)]

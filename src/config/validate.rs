@@ -156,17 +156,12 @@ impl<'a> Validator<'a> {
         let ms = |key: &str, v: &Option<Spanned<u64>>, default: u64| {
             self.positive(&format!("limits.{key}"), v, default)
         };
+        let count = |key: &str, v: &Option<Spanned<usize>>, default: usize| {
+            self.positive(&format!("limits.{key}"), v, default)
+        };
         let limits = Limits {
-            max_header_bytes: self.positive(
-                "limits.max_header_bytes",
-                &l.max_header_bytes,
-                d.max_header_bytes,
-            )?,
-            max_body_bytes: self.positive(
-                "limits.max_body_bytes",
-                &l.max_body_bytes,
-                d.max_body_bytes,
-            )?,
+            max_header_bytes: count("max_header_bytes", &l.max_header_bytes, d.max_header_bytes)?,
+            max_body_bytes: count("max_body_bytes", &l.max_body_bytes, d.max_body_bytes)?,
             header_read_timeout_ms: ms(
                 "header_read_timeout_ms",
                 &l.header_read_timeout_ms,
@@ -188,11 +183,7 @@ impl<'a> Validator<'a> {
                 &l.upstream_first_byte_timeout_ms,
                 d.upstream_first_byte_timeout_ms,
             )?,
-            max_connections: self.positive(
-                "limits.max_connections",
-                &l.max_connections,
-                d.max_connections,
-            )?,
+            max_connections: count("max_connections", &l.max_connections, d.max_connections)?,
             pool_idle_timeout_ms: l.pool_idle_timeout_ms.unwrap_or(d.pool_idle_timeout_ms),
             pool_max_idle_per_worker: l
                 .pool_max_idle_per_worker
@@ -211,6 +202,16 @@ impl<'a> Validator<'a> {
                 .worker_refusal_hold_ms
                 .as_ref()
                 .map_or(d.worker_refusal_hold_ms, |v| *v.get_ref()),
+            admin_read_timeout_ms: ms(
+                "admin_read_timeout_ms",
+                &l.admin_read_timeout_ms,
+                d.admin_read_timeout_ms,
+            )?,
+            admin_max_connections: count(
+                "admin_max_connections",
+                &l.admin_max_connections,
+                d.admin_max_connections,
+            )?,
         };
         if let Some(s) = l.max_header_bytes.as_ref().filter(|s| *s.get_ref() < 1024) {
             return self.err(

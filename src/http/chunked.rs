@@ -47,20 +47,16 @@ impl ChunkedParser {
     pub fn next(&mut self, input: &[u8]) -> Result<Event, HttpError> {
         match self.state {
             State::Done => Ok(Event::Done(0)),
-            State::Size => match httparse::parse_chunk_size(input) {
-                Ok(httparse::Status::Complete((n, 0))) => {
+            State::Size => match size_line(input)? {
+                Some((n, 0)) => {
                     self.state = State::Trailer;
                     Ok(Event::Framing(n))
                 }
-                Ok(httparse::Status::Complete((n, size))) => {
+                Some((n, size)) => {
                     self.state = State::Data(size);
                     Ok(Event::Framing(n))
                 }
-                Ok(httparse::Status::Partial) if input.len() > MAX_CHUNK_LINE => {
-                    Err(HttpError::InvalidChunk("chunk size line too long"))
-                }
-                Ok(httparse::Status::Partial) => Ok(Event::NeedMore),
-                Err(_) => Err(HttpError::InvalidChunk("invalid chunk size")),
+                None => Ok(Event::NeedMore),
             },
             State::Data(remaining) => {
                 if input.is_empty() {
@@ -92,6 +88,9 @@ impl ChunkedParser {
                 };
                 if lf == 0 || input[lf - 1] != b'\r' {
                     return Err(HttpError::InvalidChunk("bare LF in trailer section"));
+                }
+                if memchr::memchr(b'\r', &input[..lf - 1]).is_some() {
+                    return Err(HttpError::InvalidChunk("bare CR in trailer section"));
                 }
                 self.trailer_bytes += lf + 1;
                 if self.trailer_bytes > MAX_TRAILER_BYTES {
@@ -131,6 +130,108 @@ impl ChunkedParser {
                 Event::Done(n) => return Ok((at + n, true)),
             }
         }
+    }
+}
+
+/// Where the scan of a chunk-size line's extensions stands (RFC 9112 §7.1.1:
+/// `*( BWS ";" BWS name [ BWS "=" BWS ( token / quoted-string ) ] )`, plus optional
+/// whitespace before the line's end).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ext {
+    /// After the size or a whole extension: whitespace, then `;` or the line's end.
+    Between,
+    /// After `;`: whitespace, then a name.
+    NameStart,
+    Name,
+    /// After a name and whitespace: `=`, `;` or the line's end.
+    AfterName,
+    /// After `=`: whitespace, then a token or a quoted string.
+    ValueStart,
+    Token,
+    Quoted,
+    /// After a backslash in a quoted string.
+    Escape,
+}
+
+impl Ext {
+    fn step(self, b: u8) -> Option<Ext> {
+        let ows = b == b' ' || b == b'\t';
+        Some(match self {
+            Ext::Between if ows => Ext::Between,
+            Ext::Between | Ext::Name | Ext::AfterName | Ext::Token if b == b';' => Ext::NameStart,
+            Ext::NameStart if ows => Ext::NameStart,
+            Ext::NameStart | Ext::Name if is_tchar(b) => Ext::Name,
+            Ext::Name | Ext::AfterName if ows => Ext::AfterName,
+            Ext::Name | Ext::AfterName if b == b'=' => Ext::ValueStart,
+            Ext::ValueStart if ows => Ext::ValueStart,
+            Ext::ValueStart if b == b'"' => Ext::Quoted,
+            Ext::ValueStart | Ext::Token if is_tchar(b) => Ext::Token,
+            Ext::Token if ows => Ext::Between,
+            Ext::Quoted if b == b'"' => Ext::Between,
+            Ext::Quoted if b == b'\\' => Ext::Escape,
+            Ext::Quoted if b == b'\t' || b == b' ' || b == 0x21 || (b >= 0x23 && b != 0x7f) => {
+                Ext::Quoted
+            }
+            Ext::Escape if b == b'\t' || (b >= 0x20 && b != 0x7f) => Ext::Quoted,
+            _ => return None,
+        })
+    }
+
+    /// Whether the line may end here.
+    fn may_end(self) -> bool {
+        matches!(self, Ext::Between | Ext::Name | Ext::AfterName | Ext::Token)
+    }
+}
+
+/// RFC 9110 `tchar`: the bytes of a token.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// Parses a chunk-size line strictly: `Some((line length, size))`, or `None` while it is
+/// incomplete. A bare CR or LF anywhere in it, a size over 64 bits and anything outside
+/// the grammar are refused, so no reader before or after us can end the line elsewhere.
+fn size_line(input: &[u8]) -> Result<Option<(usize, u64)>, HttpError> {
+    let line = &input[..input.len().min(MAX_CHUNK_LINE)];
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 && !line.is_empty() {
+        return Err(HttpError::InvalidChunk("invalid chunk size"));
+    }
+    let mut size: u64 = 0;
+    for &b in &line[..digits] {
+        if size > u64::MAX >> 4 {
+            return Err(HttpError::InvalidChunk("chunk size too large"));
+        }
+        let d = match b {
+            b'0'..=b'9' => b - b'0',
+            b'a'..=b'f' => b - b'a' + 10,
+            _ => b - b'A' + 10,
+        };
+        size = (size << 4) | u64::from(d);
+    }
+    let mut ext = Ext::Between;
+    for (i, &b) in line.iter().enumerate().skip(digits) {
+        match b {
+            b'\r' => {
+                return match input.get(i + 1) {
+                    None => Ok(None),
+                    Some(b'\n') if ext.may_end() => Ok(Some((i + 2, size))),
+                    Some(b'\n') => Err(HttpError::InvalidChunk("invalid chunk extension")),
+                    Some(_) => Err(HttpError::InvalidChunk("bare CR in chunk size line")),
+                };
+            }
+            b'\n' => return Err(HttpError::InvalidChunk("bare LF in chunk size line")),
+            _ => {
+                ext = ext
+                    .step(b)
+                    .ok_or(HttpError::InvalidChunk("invalid chunk extension"))?;
+            }
+        }
+    }
+    if input.len() >= MAX_CHUNK_LINE {
+        Err(HttpError::InvalidChunk("chunk size line too long"))
+    } else {
+        Ok(None)
     }
 }
 
@@ -220,7 +321,7 @@ mod tests {
             ),
             (
                 b"ffffffffffffffffffff\r\n",
-                Err(HttpError::InvalidChunk("invalid chunk size")),
+                Err(HttpError::InvalidChunk("chunk size too large")),
             ),
             (
                 b"0\r\nX-T 1\r\n\r\n",
@@ -237,6 +338,68 @@ mod tests {
             let want = (*want).map(|(b, n)| (b.to_vec(), n));
             assert_eq!(got, want, "{:?}", String::from_utf8_lossy(raw));
         }
+    }
+
+    /// Chunk-size lines: what RFC 9112 §7.1 allows is decoded, everything else (bare CR
+    /// or LF anywhere, a malformed extension, an overflowing size) is refused at once, never
+    /// left waiting for more bytes.
+    #[test]
+    fn size_line_table() {
+        let bad = |m| Err(HttpError::InvalidChunk(m));
+        let lf = bad("bare LF in chunk size line");
+        let cr = bad("bare CR in chunk size line");
+        let ext = bad("invalid chunk extension");
+        let ok5 = Ok((&b"hello"[..], 0usize));
+        type Case = (&'static [u8], Result<(&'static [u8], usize), HttpError>);
+        let cases: Vec<Case> = vec![
+            (b"5;a=b\nhello\r\n0\r\n\r\n", lf),
+            (b"5;a\nhello\r\n0\r\n\r\n", lf),
+            (b"5\nhello\r\n0\r\n\r\n", lf),
+            (b"5 \nhello\r\n0\r\n\r\n", lf),
+            (b"5;a=\"x\ny\"\r\nhello\r\n0\r\n\r\n", lf),
+            (b"5\r\nhello\r\n0;a=b\n\r\n", lf),
+            (b"5;a=b\rhello\r\n0\r\n\r\n", cr),
+            (b"5\rhello\r\n0\r\n\r\n", cr),
+            (b"5;a=b\r\rhello\r\n0\r\n\r\n", cr),
+            (b"5;\r\nhello\r\n0\r\n\r\n", ext),
+            (b"5;a=\r\nhello\r\n0\r\n\r\n", ext),
+            (b"5;a b\r\nhello\r\n0\r\n\r\n", ext),
+            (b"5;a\0\r\nhello\r\n0\r\n\r\n", ext),
+            (b"5;a=\"b\r\nhello\r\n0\r\n\r\n", ext),
+            (b"5;=b\r\nhello\r\n0\r\n\r\n", ext),
+            (b"0x5\r\nhello\r\n0\r\n\r\n", ext),
+            (b"5 6\r\nhello\r\n0\r\n\r\n", ext),
+            (b"-5\r\nhello\r\n0\r\n\r\n", bad("invalid chunk size")),
+            (b" 5\r\nhello\r\n0\r\n\r\n", bad("invalid chunk size")),
+            (b"\r\nhello\r\n0\r\n\r\n", bad("invalid chunk size")),
+            (b"10000000000000005\r\nhello", bad("chunk size too large")),
+            (
+                b"5\r\nhello\n0\r\n\r\n",
+                bad("chunk data not followed by CRLF"),
+            ),
+            (
+                b"5\r\nhello\r\n0\r\nX: a\rb\r\n\r\n",
+                bad("bare CR in trailer section"),
+            ),
+            (b"5;a=b\r", bad("incomplete")),
+            (b"ffffffffffffffff\r\nhello", bad("incomplete")),
+            (b"5;a=b\r\nhello\r\n0\r\n\r\n", ok5),
+            (b"5;a\r\nhello\r\n0\r\n\r\n", ok5),
+            (b"5 ; a = b ; c\r\nhello\r\n0\r\n\r\n", ok5),
+            (b"5;a=\"b;\\\"c\\\" d\"\r\nhello\r\n0\r\n\r\n", ok5),
+            (b"5 \r\nhello\r\n0\r\n\r\n", ok5),
+            (b"0000000000000000005\r\nhello\r\n0\r\n\r\n", ok5),
+        ];
+        for (raw, want) in cases {
+            let got = dechunk_all(raw).map(|(b, _)| b);
+            let want = want.map(|(b, _)| b.to_vec());
+            assert_eq!(got, want, "{:?}", String::from_utf8_lossy(raw));
+        }
+        let long = [&b"5;"[..], &[b'a'; MAX_CHUNK_LINE]].concat();
+        assert_eq!(
+            dechunk_all(&long).err(),
+            Some(HttpError::InvalidChunk("chunk size line too long"))
+        );
     }
 
     #[test]

@@ -45,7 +45,7 @@ pub const RESPONSE_READ_MIN_SPARE: usize = 1024;
 pub const POOL_PEEK_AFTER_IDLE_MS: u64 = 200;
 
 /// Admin listener: largest request head and body (a `/load` batch for 1,000 workers × 8
-/// ranks fits), and how long a client may take to send a whole request.
+/// ranks fits).
 pub const MAX_ADMIN_HEAD: usize = 16 * 1024;
 pub const MAX_ADMIN_BODY: usize = 8 * 1024 * 1024;
 
@@ -79,6 +79,12 @@ pub mod defaults {
     /// 529) is skipped this long, whatever the monitor publishes meanwhile (0: not at all).
     /// About as long as a few load reports take to arrive.
     pub const WORKER_REFUSAL_HOLD_MS: u64 = 100;
+    /// Admin listener: each whole request (head and body) must arrive within this long of
+    /// the connection opening or of the previous answer, and each answer must be written
+    /// within it, so a slow client holds a connection place for at most this long.
+    pub const ADMIN_READ_TIMEOUT_MS: u64 = 5_000;
+    /// Admin connections open at once; beyond, 503 and close.
+    pub const ADMIN_MAX_CONNECTIONS: usize = 64;
 }
 
 /// Runtime limits, validated from config.
@@ -97,6 +103,8 @@ pub struct Limits {
     pub worker_down_backoff_ms: u64,
     pub worker_down_backoff_max_ms: u64,
     pub worker_refusal_hold_ms: u64,
+    pub admin_read_timeout_ms: u64,
+    pub admin_max_connections: usize,
 }
 
 impl Default for Limits {
@@ -116,6 +124,8 @@ impl Default for Limits {
             worker_down_backoff_ms: WORKER_DOWN_BACKOFF_MS,
             worker_down_backoff_max_ms: WORKER_DOWN_BACKOFF_MAX_MS,
             worker_refusal_hold_ms: WORKER_REFUSAL_HOLD_MS,
+            admin_read_timeout_ms: ADMIN_READ_TIMEOUT_MS,
+            admin_max_connections: ADMIN_MAX_CONNECTIONS,
         }
     }
 }

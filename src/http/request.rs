@@ -28,6 +28,8 @@ pub struct RequestHead {
     pub authorization: Option<Span>,
     /// Bit i set: field i is an `X-Forwarded-For` we extend.
     pub forwarded_for: u128,
+    /// A Host field was present (an HTTP/1.0 request may lack one).
+    pub has_host: bool,
 }
 
 impl Default for RequestHead {
@@ -47,6 +49,7 @@ impl Default for RequestHead {
             worker_id: None,
             authorization: None,
             forwarded_for: 0,
+            has_host: false,
         }
     }
 }
@@ -91,7 +94,7 @@ pub fn parse_request(
         }
         Ok(httparse::Status::Partial) => return Ok(false),
         Err(httparse::Error::TooManyHeaders) => return Err(HttpError::HeaderTooLarge),
-        Err(httparse::Error::Version) => return Err(HttpError::Version),
+        Err(httparse::Error::Version) => return Err(version_error(buf)),
         Err(e) => return Err(classify(buf, e)),
     };
     let (Some(method), Some(target), Some(version)) = (req.method, req.path, req.version) else {
@@ -112,6 +115,7 @@ pub fn parse_request(
     out.headers.len = req.headers.len();
     scan.options.mark(buf, &mut out.headers);
     out.body = scan.framing(version, max_body_bytes)?;
+    out.has_host = scan.hosts > 0;
     if out.body == BodyFraming::None {
         out.expect_continue = false;
     }
@@ -123,7 +127,13 @@ pub fn parse_request(
 struct FieldScan<'a> {
     content_length: Option<u64>,
     options: ConnectionOptions<'a>,
+    /// A Transfer-Encoding field was present (even an empty one).
+    transfer_encoding: bool,
     chunked: bool,
+    /// The last transfer coding listed is `chunked`.
+    chunked_last: bool,
+    /// A coding other than `chunked` was listed.
+    unknown_coding: bool,
     hosts: u32,
 }
 
@@ -185,14 +195,15 @@ impl<'a> FieldScan<'a> {
                 "Transfer-Encoding in an HTTP/1.0 request",
             ));
         }
+        self.transfer_encoding = true;
         for coding in list_tokens(value) {
-            if !coding.eq_ignore_ascii_case(b"chunked") {
-                return Err(HttpError::UnsupportedTransferCoding);
-            }
-            if self.chunked {
+            self.chunked_last = coding.eq_ignore_ascii_case(b"chunked");
+            if !self.chunked_last {
+                self.unknown_coding = true;
+            } else if self.chunked {
                 return Err(HttpError::InvalidChunk("chunked applied twice"));
             }
-            self.chunked = true;
+            self.chunked |= self.chunked_last;
         }
         Ok(())
     }
@@ -204,6 +215,21 @@ impl<'a> FieldScan<'a> {
         }
         if self.hosts == 0 && version == 1 {
             return Err(HttpError::MissingHost);
+        }
+        if self.transfer_encoding {
+            // RFC 9112 §6.3: with Transfer-Encoding the length is known only when chunked
+            // comes last (else 400 and close); a coding we cannot undo before it is 501.
+            if self.content_length.is_some() {
+                return Err(HttpError::LengthAndChunked);
+            }
+            if !self.chunked_last {
+                return Err(HttpError::Malformed(
+                    "chunked is not the final transfer coding",
+                ));
+            }
+            if self.unknown_coding {
+                return Err(HttpError::UnsupportedTransferCoding);
+            }
         }
         match (self.content_length, self.chunked) {
             (Some(_), true) => Err(HttpError::LengthAndChunked),
@@ -227,6 +253,24 @@ pub(crate) fn keep_alive_after(keep: bool, value: &[u8], http10: bool) -> bool {
             keep
         }
     })
+}
+
+/// httparse's version error: 505 only for a well-formed `HTTP/d.d` we do not speak; a
+/// request line that is malformed elsewhere (a space in the target, `http/1.1`) is 400.
+fn version_error(buf: &[u8]) -> HttpError {
+    let line = buf.split(|&b| b == b'\n').next().unwrap_or_default();
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let mut parts = line.split(|&b| b == b' ');
+    let well_formed = matches!(
+        (parts.next(), parts.next(), parts.next(), parts.next()),
+        (Some(_), Some(_), Some([b'H', b'T', b'T', b'P', b'/', major, b'.', minor]), None)
+            if major.is_ascii_digit() && minor.is_ascii_digit()
+    );
+    if well_formed {
+        HttpError::Version
+    } else {
+        HttpError::Malformed("invalid request line")
+    }
 }
 
 fn classify(buf: &[u8], e: httparse::Error) -> HttpError {
@@ -293,6 +337,8 @@ mod tests {
 
     type Want = Result<Option<(BodyFraming, bool)>, HttpError>;
 
+    const NOT_FINAL: HttpError = HttpError::Malformed("chunked is not the final transfer coding");
+
     /// Wire table: raw request → framing and keep-alive, or the refusal.
     const WIRE: &[(&str, Want)] = &[
         (
@@ -345,6 +391,34 @@ mod tests {
             Err(HttpError::UnsupportedTransferCoding),
         ),
         (
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n",
+            Err(NOT_FINAL),
+        ),
+        (
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, identity\r\n\r\n",
+            Err(NOT_FINAL),
+        ),
+        (
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: x\r\n\r\n",
+            Err(NOT_FINAL),
+        ),
+        (
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding:\r\n\r\n",
+            Err(NOT_FINAL),
+        ),
+        (
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: ,\r\nContent-Length: 5\r\n\r\n",
+            Err(HttpError::LengthAndChunked),
+        ),
+        (
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding:\r\n\r\n",
+            Ok(Some((Chunked, true))),
+        ),
+        (
+            "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding:\tchunked\r\n\r\n",
+            Ok(Some((Chunked, true))),
+        ),
+        (
             "POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, chunked\r\n\r\n",
             Err(HttpError::InvalidChunk("chunked applied twice")),
         ),
@@ -376,6 +450,20 @@ mod tests {
             Err(HttpError::Malformed("more than one Host header")),
         ),
         ("GET / HTTP/2.0\r\nHost: a\r\n\r\n", Err(HttpError::Version)),
+        ("GET / HTTP/1.2\r\nHost: a\r\n\r\n", Err(HttpError::Version)),
+        ("PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", Err(HttpError::Version)),
+        (
+            "GET / http/1.1\r\nHost: a\r\n\r\n",
+            Err(HttpError::Malformed("invalid request line")),
+        ),
+        (
+            "GET /a b HTTP/1.1\r\nHost: a\r\n\r\n",
+            Err(HttpError::Malformed("invalid request line")),
+        ),
+        (
+            "GET / HTTP/1.10\r\nHost: a\r\n\r\n",
+            Err(HttpError::Malformed("invalid line ending")),
+        ),
         (
             "GET  HTTP/1.1\r\nHost: a\r\n\r\n",
             Err(HttpError::Malformed("invalid request line")),

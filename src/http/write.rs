@@ -33,7 +33,9 @@ pub fn finish_head(out: &mut Vec<u8>, request_id: &[u8], keep_alive: bool) {
 }
 
 /// The request head sent upstream: same method and target, HTTP/1.1, forwarded fields,
-/// a de-chunked `content-length`, the extended `x-forwarded-for` and the request id.
+/// a de-chunked `content-length`, the extended `x-forwarded-for` and the request id. An
+/// HTTP/1.0 request without Host gets an empty one (RFC 9112 §3.2: HTTP/1.1 requires the
+/// field, empty when the target has no authority).
 pub fn upstream_request_head(
     out: &mut Vec<u8>,
     buf: &[u8],
@@ -46,6 +48,9 @@ pub fn upstream_request_head(
     out.push(b' ');
     out.extend_from_slice(head.target.get(buf));
     out.extend_from_slice(b" HTTP/1.1\r\n");
+    if !head.has_host {
+        out.extend_from_slice(b"host: \r\n");
+    }
     forwarded_fields(out, buf, head.headers.forwarded());
     if body_len > 0 || head.body != BodyFraming::None {
         out.extend_from_slice(b"content-length: ");
@@ -175,6 +180,15 @@ mod tests {
             String::from_utf8(out).unwrap(),
             "POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nContent-Type: application/json\r\n\
              content-length: 17\r\nx-forwarded-for: 9.9.9.9, 10.0.0.1\r\nx-request-id: rid\r\n\r\n"
+        );
+        let raw = b"POST /v1/completions HTTP/1.0\r\nContent-Length: 2\r\n\r\n";
+        assert_eq!(parse_request(raw, 4096, 1 << 20, &mut head), Ok(true));
+        let mut out = Vec::new();
+        upstream_request_head(&mut out, raw, &head, 2, b"10.0.0.1", b"rid");
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "POST /v1/completions HTTP/1.1\r\nhost: \r\ncontent-length: 2\r\n\
+             x-forwarded-for: 10.0.0.1\r\nx-request-id: rid\r\n\r\n"
         );
     }
 

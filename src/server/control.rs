@@ -77,8 +77,9 @@ async fn serve(parts: Parts) {
         Err(e) => return tracing::error!(error = %e, "cannot create the admin stop channel"),
     };
     monoio::spawn(serve_commands(control.clone(), commands, stop_admin));
+    let open = crate::admin::Connections::default();
     accept_until_stopped(&listener, stop, "admin", |stream, _| {
-        monoio::spawn(crate::admin::serve(control.clone(), stream));
+        crate::admin::accepted(&control, &open, stream);
     })
     .await;
 }

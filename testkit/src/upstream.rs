@@ -14,6 +14,8 @@ pub struct Seen {
     pub path: String,
     pub headers: Vec<(String, String)>,
     pub body: Vec<u8>,
+    /// The head as received, request line to blank line.
+    pub head: Vec<u8>,
 }
 
 impl Seen {
@@ -66,6 +68,8 @@ pub struct UpstreamState {
     pub max_active: AtomicUsize,
     /// When the proxy closed connections a [`Step::WaitClose`] waited on.
     pub closed_by_peer: Mutex<Vec<Instant>>,
+    /// Bytes a connection ended with that never formed a whole request.
+    pub unparsed: Mutex<Vec<Vec<u8>>>,
 }
 
 /// A running fake worker; stops accepting when dropped.
@@ -94,6 +98,11 @@ impl Upstream {
     /// How many connections were accepted so far.
     pub fn connections(&self) -> usize {
         self.state.connections.load(Ordering::SeqCst)
+    }
+
+    /// Bytes connections ended with that never formed a whole request.
+    pub fn unparsed(&self) -> Vec<Vec<u8>> {
+        self.state.unparsed.lock().unwrap().clone()
     }
 
     /// When the proxy closed connections a [`Step::WaitClose`] waited on.
@@ -162,6 +171,9 @@ fn serve(
             return;
         }
     }
+    if !buf.is_empty() {
+        state.unparsed.lock().unwrap().push(buf);
+    }
 }
 
 /// Runs `steps`; false when the connection is to be closed.
@@ -216,12 +228,14 @@ fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Seen> {
                 }
             }
             let body = buf[n..n + len].to_vec();
+            let head = buf[..n].to_vec();
             buf.drain(..n + len);
             return Some(Seen {
                 method,
                 path,
                 headers,
                 body,
+                head,
             });
         }
         if !fill(stream, buf) {
