@@ -34,3 +34,9 @@ pub mod server;
 
 pub use crate::config::{Config, ConfigSource, Overrides};
 pub use crate::server::{ServerHandle, start};
+
+/// Pure parsers that are not otherwise public, for the targets in `fuzz/`. Not an API.
+#[doc(hidden)]
+pub mod fuzzing {
+    pub use crate::admin::thresholds::{Update, parse_delete, parse_post};
+}

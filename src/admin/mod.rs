@@ -4,7 +4,7 @@
 
 mod error;
 mod routes;
-mod thresholds;
+pub(crate) mod thresholds;
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;

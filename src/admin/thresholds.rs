@@ -93,63 +93,82 @@ pub fn list(control: &Control) -> Reply {
     )
 }
 
-pub fn post(control: &mut Control, req: &Request<'_>) -> Result<Reply, AdminError> {
+/// A `POST /busy_threshold` body, parsed and validated: the model and the thresholds it
+/// sets (none set: a get).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Update {
+    pub model: String,
+    pub thresholds: Thresholds,
+}
+
+/// Parses and validates a `POST /busy_threshold` request's body (pure; `fuzz/` drives it).
+pub fn parse_post(req: &Request<'_>) -> Result<Update, AdminError> {
     let body: Body = parse(req)?;
-    let update = Thresholds {
+    let thresholds = Thresholds {
         active_decode_blocks_threshold: body.active_decode_blocks_threshold,
         active_prefill_tokens_threshold: body.active_prefill_tokens_threshold,
         active_prefill_tokens_threshold_frac: body.active_prefill_tokens_threshold_frac,
     };
-    update.validate().map_err(AdminError::Invalid)?;
+    thresholds.validate().map_err(AdminError::Invalid)?;
+    Ok(Update {
+        model: body.model,
+        thresholds,
+    })
+}
+
+/// Parses a `DELETE /busy_threshold` request's body: the model named.
+pub fn parse_delete(req: &Request<'_>) -> Result<String, AdminError> {
+    parse::<ModelOnly>(req).map(|b| b.model)
+}
+
+pub fn post(control: &mut Control, req: &Request<'_>) -> Result<Reply, AdminError> {
+    let Update {
+        model,
+        thresholds: update,
+    } = parse_post(req)?;
     let known = control
         .shared
         .snapshot
         .load()
-        .model(body.model.as_bytes())
+        .model(model.as_bytes())
         .is_some();
     let current = control
         .monitor
         .thresholds
-        .get(&body.model)
+        .get(&model)
         .copied()
         .unwrap_or_default();
     if !update.any() {
         // A get: unknown models read as all-unset, as in Dynamo.
-        return Ok(Reply::json(200, &Entry::new(&body.model, current)));
+        return Ok(Reply::json(200, &Entry::new(&model, current)));
     }
     if !known {
-        return Err(not_found(&body.model));
+        return Err(not_found(&model));
     }
     let merged = current.merged(&update);
-    control
-        .monitor
-        .thresholds
-        .insert(body.model.clone(), merged);
+    control.monitor.thresholds.insert(model.clone(), merged);
     control.republish();
-    tracing::info!(model = %body.model, thresholds = ?merged, "busy thresholds set");
-    Ok(Reply::json(200, &Entry::new(&body.model, merged)))
+    tracing::info!(model = %model, thresholds = ?merged, "busy thresholds set");
+    Ok(Reply::json(200, &Entry::new(&model, merged)))
 }
 
 /// `DELETE /busy_threshold {"model": ..}`: unsets all three (beyond Dynamo).
 pub fn delete(control: &mut Control, req: &Request<'_>) -> Result<Reply, AdminError> {
-    let body: ModelOnly = parse(req)?;
+    let model = parse_delete(req)?;
     if control
         .shared
         .snapshot
         .load()
-        .model(body.model.as_bytes())
+        .model(model.as_bytes())
         .is_none()
     {
-        return Err(not_found(&body.model));
+        return Err(not_found(&model));
     }
     control
         .monitor
         .thresholds
-        .insert(body.model.clone(), Thresholds::default());
+        .insert(model.clone(), Thresholds::default());
     control.republish();
-    tracing::info!(model = %body.model, "busy thresholds unset");
-    Ok(Reply::json(
-        200,
-        &Entry::new(&body.model, Thresholds::default()),
-    ))
+    tracing::info!(model = %model, "busy thresholds unset");
+    Ok(Reply::json(200, &Entry::new(&model, Thresholds::default())))
 }

@@ -4,6 +4,7 @@
 use super::file::{FileModel, FileWorker};
 use super::validate::Validator;
 use super::*;
+use crate::http::limits::MAX_DP_SIZE;
 use toml::Spanned;
 
 /// Builds a worker key's path for error messages (`models[0].workers[1].url`).
@@ -235,8 +236,9 @@ impl Validator<'_> {
             kv_total_blocks: w.kv_total_blocks,
             max_num_batched_tokens: w.max_num_batched_tokens,
             dp_size: match &w.dp_size {
-                Some(s) if *s.get_ref() == 0 || *s.get_ref() > 1024 => {
-                    return self.err(key("dp_size"), Some(s.span()), "must be between 1 and 1024");
+                Some(s) if *s.get_ref() == 0 || *s.get_ref() > MAX_DP_SIZE => {
+                    let msg = format!("must be between 1 and {MAX_DP_SIZE}");
+                    return self.err(key("dp_size"), Some(s.span()), msg);
                 }
                 Some(s) => *s.get_ref(),
                 None => 1,

@@ -402,6 +402,36 @@ mod tests {
         );
     }
 
+    /// Found by `fuzz/` (target `chunked`) in the parser before the strict size line: a
+    /// line over the limit was refused when it came in pieces but accepted in one read.
+    #[test]
+    fn long_size_line_is_refused_however_it_arrives() {
+        let line = |ext: usize| format!("5;{}\r\nhello\r\n0\r\n\r\n", "x".repeat(ext));
+        let fed = |raw: &[u8], step: usize| {
+            let mut buf = raw.to_vec();
+            let mut d = Dechunker::new(0);
+            let mut filled = 0;
+            loop {
+                filled = (filled + step).min(raw.len());
+                match d.decode(&mut buf, filled, usize::MAX) {
+                    Ok(false) if filled < raw.len() => {}
+                    other => return other,
+                }
+            }
+        };
+        // "5;" and the extension: with its CR, MAX_CHUNK_LINE bytes pass, one more does not.
+        let longest = line(MAX_CHUNK_LINE - 3);
+        let too_long = line(MAX_CHUNK_LINE - 2);
+        for step in [1, 7, 1000, usize::MAX / 2] {
+            assert_eq!(fed(longest.as_bytes(), step), Ok(true), "step {step}");
+            assert_eq!(
+                fed(too_long.as_bytes(), step),
+                Err(HttpError::InvalidChunk("chunk size line too long")),
+                "step {step}"
+            );
+        }
+    }
+
     #[test]
     fn body_limit_applies_to_decoded_length() {
         let raw = b"5\r\nhello\r\n0\r\n\r\n";

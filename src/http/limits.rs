@@ -14,7 +14,8 @@ pub const MAX_WORKER_ID_LEN: usize = 128;
 /// `Connection` fields of one head; more is refused as malformed.
 pub const MAX_CONNECTION_OPTIONS: usize = 16;
 
-/// Longest chunk-size line (hex digits plus extensions) accepted in a chunked body.
+/// Longest chunk-size line (hex digits plus extensions, up to and including its CR)
+/// accepted in a chunked body.
 pub const MAX_CHUNK_LINE: usize = 1024;
 
 /// Trailer fields of a chunked body are read and dropped; this bounds them.
@@ -48,6 +49,10 @@ pub const POOL_PEEK_AFTER_IDLE_MS: u64 = 200;
 /// ranks fits).
 pub const MAX_ADMIN_HEAD: usize = 16 * 1024;
 pub const MAX_ADMIN_BODY: usize = 8 * 1024 * 1024;
+
+/// Largest data-parallel size of a worker: bounds `dp_size` in the file, in a pushed load
+/// event, and the ranks a scrape reads (a larger rank label is ignored).
+pub const MAX_DP_SIZE: u32 = 1024;
 
 /// Engine `/metrics` scrapes: largest head and body accepted, first read buffer, and the
 /// bounds of a scrape's timeout (the scrape interval, clamped).

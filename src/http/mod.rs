@@ -21,12 +21,17 @@ pub struct Span {
 }
 
 impl Span {
+    /// Where `part`, a sub-slice of `base`, lies in it. httparse hands back a static ""
+    /// for a status line without a reason phrase: any slice outside `base` is the empty
+    /// span.
     pub(crate) fn of(base: &[u8], part: &[u8]) -> Span {
-        // Both slices come from the same buffer: `part` is a sub-slice of `base`.
-        let start = part.as_ptr() as usize - base.as_ptr() as usize;
-        Span {
-            start: start as u32,
-            end: (start + part.len()) as u32,
+        let start = (part.as_ptr() as usize).wrapping_sub(base.as_ptr() as usize);
+        match start.checked_add(part.len()) {
+            Some(end) if end <= base.len() => Span {
+                start: start as u32,
+                end: end as u32,
+            },
+            _ => Span::default(),
         }
     }
 

@@ -54,6 +54,11 @@ pub fn parse_response(
     let (Some(code), Some(version)) = (resp.code, resp.version) else {
         return Err(HttpError::Malformed("incomplete status line"));
     };
+    if code < 100 {
+        // Three digits on the wire, but no status class: relayed, it would not be a
+        // valid status line.
+        return Err(HttpError::Malformed("invalid status code"));
+    }
     *out = ResponseHead {
         status: code,
         reason: resp
@@ -257,6 +262,17 @@ mod tests {
             Err(HttpError::InvalidLength),
         ),
         ("HTTP/2 200 OK\r\n\r\n", false, Err(HttpError::Version)),
+        // Found by `fuzz/` (target `response_head`): relayed as `HTTP/1.1 22`, malformed.
+        (
+            "HTTP/1.1 022 X\r\n\r\n",
+            false,
+            Err(HttpError::Malformed("invalid status code")),
+        ),
+        (
+            "HTTP/1.1 000\r\n\r\n",
+            true,
+            Err(HttpError::Malformed("invalid status code")),
+        ),
         ("garbage\r\n\r\n", false, Err(HttpError::Version)),
     ];
 
@@ -264,6 +280,23 @@ mod tests {
     fn wire_table() {
         for (raw, head, want) in WIRE {
             assert_eq!(&parse(raw, *head), want, "{raw:?}");
+        }
+    }
+
+    /// Found by `fuzz/` (target `response_head`): httparse's reason for a status line
+    /// without one is a static "", not part of the buffer; its offset underflowed.
+    #[test]
+    fn status_line_without_reason() {
+        for raw in [
+            "HTTP/1.1 200\r\nContent-Length: 0\r\n\r\n",
+            "HTTP/1.1 200\n\n",
+        ] {
+            // On the heap, as a connection's buffer is.
+            let buf = raw.as_bytes().to_vec();
+            let mut out = ResponseHead::default();
+            assert_eq!(parse_response(&buf, 4096, false, &mut out), Ok(true));
+            assert_eq!(out.status, 200);
+            assert_eq!(out.reason.get(&buf), b"");
         }
     }
 

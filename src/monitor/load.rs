@@ -7,6 +7,7 @@ use serde::Deserialize;
 
 use super::adaptive::Adaptivity;
 use crate::config::WorkerConfig;
+use crate::http::limits::MAX_DP_SIZE;
 use crate::shed::{Class, RankLoad, Thresholds, Why, rank_why};
 use crate::state::{BusySet, Snapshot};
 
@@ -248,9 +249,11 @@ impl LoadTable {
                     .get(&w.state.slot)
                     .map_or(w.cfg.dp_size, |l| l.dp_size(&w.cfg) as u32)
             });
-            if e.dp_size == Some(0) {
+            // The file's bound: a larger size would size the rank tables (and every
+            // evaluation's loop) by a number from the wire.
+            if e.dp_size.is_some_and(|d| d == 0 || d > MAX_DP_SIZE) {
                 return Err(PushError::Invalid(format!(
-                    "dp_size must be at least 1 (worker {})",
+                    "dp_size must be between 1 and {MAX_DP_SIZE} (worker {})",
                     w.cfg.name
                 )));
             }
@@ -484,6 +487,28 @@ mod tests {
         )
         .unwrap();
         assert!(busy_after(&s, &t, 0).is_busy(Class::Standard, member_a));
+    }
+
+    /// Found by `fuzz/` (target `admin_load`): a pushed `dp_size` was unbounded, so one
+    /// event sized a rank table by it (`dp_rank` 3999999999: out of memory) or made every
+    /// evaluation loop over that many ranks.
+    #[test]
+    fn pushed_dp_size_is_bounded_like_the_file() {
+        let s = snap("");
+        let mut t = LoadTable::default();
+        for body in [
+            r#"{"worker_id":"a","dp_size":4000000000,"dp_rank":3999999999}"#,
+            r#"{"worker_id":"a","dp_size":50000000}"#,
+            r#"{"worker_id":"a","dp_size":1025,"dp_rank":1024}"#,
+            r#"{"worker_id":"a","dp_size":0}"#,
+        ] {
+            let e = t.push(&s, &ev(body), 0).unwrap_err();
+            assert!(matches!(e, PushError::Invalid(_)), "{body}: {e}");
+        }
+        assert!(t.workers.is_empty());
+        let body = r#"{"worker_id":"a","dp_size":1024,"dp_rank":1023,"kv_used_blocks":1}"#;
+        assert_eq!(t.push(&s, &ev(body), 0), Ok(1));
+        assert_eq!(t.workers.values().next().map(|w| w.ranks.len()), Some(1024));
     }
 
     #[test]

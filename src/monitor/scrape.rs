@@ -13,7 +13,7 @@ use crate::config::{MetricsFormat, WorkerConfig};
 use crate::http::BodyFraming;
 use crate::http::chunked::Dechunker;
 use crate::http::limits::{
-    MAX_METRICS_BODY, MAX_METRICS_HEAD, METRICS_READ_BUF, RESPONSE_READ_MIN_SPARE,
+    MAX_DP_SIZE, MAX_METRICS_BODY, MAX_METRICS_HEAD, METRICS_READ_BUF, RESPONSE_READ_MIN_SPARE,
 };
 use crate::http::response::{ResponseHead, parse_response};
 
@@ -68,7 +68,8 @@ pub fn samples(text: &str) -> impl Iterator<Item = Sample<'_>> {
         }
         let (name, labels, rest) = match line.find('{') {
             Some(open) => {
-                let close = line.rfind('}')?;
+                // No `}` after the `{` (`}{ 1`): malformed, skipped.
+                let close = line.rfind('}').filter(|&c| c > open)?;
                 (&line[..open], &line[open + 1..close], &line[close + 1..])
             }
             None => {
@@ -109,64 +110,62 @@ struct Raw {
     waiting: Option<u64>,
 }
 
-fn rank_of(s: &Sample<'_>, label: &str) -> usize {
-    s.label(label).and_then(|v| v.parse().ok()).unwrap_or(0)
+/// A sample's rank: its `label`, 0 when absent or not a number; `None` beyond any
+/// configurable data-parallel size (a bogus label must not size the rank table).
+fn rank_of(s: &Sample<'_>, label: Option<&str>) -> Option<usize> {
+    let rank = label
+        .and_then(|l| s.label(l))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    (rank < MAX_DP_SIZE as usize).then_some(rank)
 }
 
 fn count(v: f64) -> Option<u64> {
     (v.is_finite() && v >= 0.0).then_some(v.round() as u64)
 }
 
+/// What a sample sets in its rank's [`Raw`].
+type Set = fn(&mut Raw, &Sample<'_>);
+
+/// The samples an engine family exports that we read: the label naming the rank (none:
+/// one rank) and what the sample sets.
+fn reading(format: MetricsFormat, name: &str) -> Option<(Option<&'static str>, Set)> {
+    use MetricsFormat::{Llamacpp, Sglang, Vllm};
+    let (vllm, sglang) = (Some("engine"), Some("dp_rank"));
+    let set: (Option<&str>, Set) = match (format, name) {
+        (Vllm, "vllm:kv_cache_usage_perc") => (vllm, |r, s| r.usage = Some(s.value)),
+        (Vllm, "vllm:gpu_cache_usage_perc") => (vllm, |r, s| r.legacy_usage = Some(s.value)),
+        (Vllm, "vllm:cache_config_info") => (vllm, |r, s| {
+            r.total_blocks = s.label("num_gpu_blocks").and_then(|v| v.parse().ok())
+        }),
+        (Vllm, "vllm:num_requests_running") => (vllm, |r, s| r.running = count(s.value)),
+        (Vllm, "vllm:num_requests_waiting") => (vllm, |r, s| r.waiting = count(s.value)),
+        (Sglang, "sglang:token_usage") => (sglang, |r, s| r.usage = Some(s.value)),
+        (Sglang, "sglang:max_total_num_tokens") => (sglang, |r, s| r.total_tokens = count(s.value)),
+        (Sglang, "sglang:num_running_reqs") => (sglang, |r, s| r.running = count(s.value)),
+        (Sglang, "sglang:num_queue_reqs") => (sglang, |r, s| r.waiting = count(s.value)),
+        (Llamacpp, "llamacpp:kv_cache_usage_ratio") => (None, |r, s| r.usage = Some(s.value)),
+        (Llamacpp, "llamacpp:requests_processing") => (None, |r, s| r.running = count(s.value)),
+        (Llamacpp, "llamacpp:requests_deferred") => (None, |r, s| r.waiting = count(s.value)),
+        _ => return None,
+    };
+    Some(set)
+}
+
 /// Maps an engine's metrics to per-rank signals (index = data-parallel rank).
 pub fn parse(format: MetricsFormat, text: &str, cfg: &WorkerConfig) -> Vec<ScrapedRank> {
-    fn at(raw: &mut Vec<Raw>, rank: usize) -> &mut Raw {
+    let mut raw: Vec<Raw> = Vec::new();
+    for s in samples(text) {
+        let Some((label, set)) = reading(format, s.name) else {
+            continue;
+        };
+        let Some(rank) = rank_of(&s, label) else {
+            continue;
+        };
         if raw.len() <= rank {
             raw.resize_with(rank + 1, Raw::default);
         }
-        &mut raw[rank]
-    }
-    let mut raw: Vec<Raw> = Vec::new();
-    for s in samples(text) {
-        match (format, s.name) {
-            (MetricsFormat::Vllm, "vllm:kv_cache_usage_perc") => {
-                at(&mut raw, rank_of(&s, "engine")).usage = Some(s.value)
-            }
-            (MetricsFormat::Vllm, "vllm:gpu_cache_usage_perc") => {
-                at(&mut raw, rank_of(&s, "engine")).legacy_usage = Some(s.value)
-            }
-            (MetricsFormat::Vllm, "vllm:cache_config_info") => {
-                let blocks = s.label("num_gpu_blocks").and_then(|v| v.parse().ok());
-                at(&mut raw, rank_of(&s, "engine")).total_blocks = blocks;
-            }
-            (MetricsFormat::Vllm, "vllm:num_requests_running") => {
-                at(&mut raw, rank_of(&s, "engine")).running = count(s.value)
-            }
-            (MetricsFormat::Vllm, "vllm:num_requests_waiting") => {
-                at(&mut raw, rank_of(&s, "engine")).waiting = count(s.value)
-            }
-            (MetricsFormat::Sglang, "sglang:token_usage") => {
-                at(&mut raw, rank_of(&s, "dp_rank")).usage = Some(s.value)
-            }
-            (MetricsFormat::Sglang, "sglang:max_total_num_tokens") => {
-                at(&mut raw, rank_of(&s, "dp_rank")).total_tokens = count(s.value)
-            }
-            (MetricsFormat::Sglang, "sglang:num_running_reqs") => {
-                at(&mut raw, rank_of(&s, "dp_rank")).running = count(s.value)
-            }
-            (MetricsFormat::Sglang, "sglang:num_queue_reqs") => {
-                at(&mut raw, rank_of(&s, "dp_rank")).waiting = count(s.value)
-            }
-            (MetricsFormat::Llamacpp, "llamacpp:kv_cache_usage_ratio") => {
-                at(&mut raw, 0).usage = Some(s.value)
-            }
-            (MetricsFormat::Llamacpp, "llamacpp:requests_processing") => {
-                at(&mut raw, 0).running = count(s.value)
-            }
-            (MetricsFormat::Llamacpp, "llamacpp:requests_deferred") => {
-                at(&mut raw, 0).waiting = count(s.value)
-            }
-            _ => {}
-        }
+        set(&mut raw[rank], &s);
     }
     let block = u64::from(cfg.block_size.max(1));
     raw.into_iter()
@@ -368,6 +367,37 @@ vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="1000"} 1.0
             &worker("kv_total_blocks = 10"),
         );
         assert_eq!(r[0].kv_used_blocks, Some(5));
+    }
+
+    /// Found by `fuzz/` (target `scrape`): a rank label sized the rank table (a huge one
+    /// overflowed or exhausted memory); ranks past `MAX_DP_SIZE` are ignored.
+    #[test]
+    fn rank_labels_are_bounded() {
+        let text = "vllm:num_requests_running{engine=\"18446744073709551615\"} 1\n\
+                    vllm:num_requests_running{engine=\"4000000000\"} 1\n\
+                    vllm:num_requests_running{engine=\"1024\"} 1\n\
+                    vllm:num_requests_running{engine=\"1\"} 2\n";
+        let r = parse(MetricsFormat::Vllm, text, &worker(""));
+        assert_eq!(r.len(), 2);
+        assert_eq!(r[1].running, Some(2));
+        let text = "sglang:num_queue_reqs{dp_rank=\"1023\"} 4\n";
+        assert_eq!(parse(MetricsFormat::Sglang, text, &worker("")).len(), 1024);
+    }
+
+    /// Found by `fuzz/` (target `scrape`): a `}` before the `{` sliced backwards.
+    #[test]
+    fn brace_before_label_set_is_skipped() {
+        for text in [
+            "}{",
+            "x} y{a=\"1\"\n",
+            "}{ 1\nvllm:num_requests_running 3\n",
+        ] {
+            let r = parse(MetricsFormat::Vllm, text, &worker(""));
+            assert!(r.len() <= 1, "{text:?}");
+        }
+        let s: Vec<_> = samples("}{ 1\nok 2\n").collect();
+        assert_eq!(s.len(), 1);
+        assert_eq!(s[0].name, "ok");
     }
 
     #[test]
