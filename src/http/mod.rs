@@ -21,10 +21,22 @@ pub struct Span {
 }
 
 impl Span {
-    /// Where `part`, a sub-slice of `base`, lies in it. httparse hands back a static ""
-    /// for a status line without a reason phrase: any slice outside `base` is the empty
-    /// span.
+    /// Where `part`, a sub-slice of `base`, lies in it: for what httparse hands back from
+    /// the buffer it parsed (methods, targets, header names and values). Per header, so
+    /// kept to one subtraction.
+    #[inline]
     pub(crate) fn of(base: &[u8], part: &[u8]) -> Span {
+        let start = (part.as_ptr() as usize).wrapping_sub(base.as_ptr() as usize);
+        debug_assert!(start + part.len() <= base.len(), "not a sub-slice");
+        Span {
+            start: start as u32,
+            end: start.wrapping_add(part.len()) as u32,
+        }
+    }
+
+    /// [`Span::of`] for a slice that may lie outside `base`: httparse hands back a static ""
+    /// for a status line without a reason phrase. Anything outside is the empty span.
+    pub(crate) fn within(base: &[u8], part: &[u8]) -> Span {
         let start = (part.as_ptr() as usize).wrapping_sub(base.as_ptr() as usize);
         match start.checked_add(part.len()) {
             Some(end) if end <= base.len() => Span {

@@ -63,7 +63,7 @@ pub fn parse_response(
         status: code,
         reason: resp
             .reason
-            .map(|r| Span::of(buf, r.as_bytes()))
+            .map(|r| Span::within(buf, r.as_bytes()))
             .unwrap_or_default(),
         minor_version: version,
         head_len,
