@@ -227,7 +227,13 @@ impl<'a> ConnectionOptions<'a> {
     /// Takes the tokens of one `Connection` value.
     pub(crate) fn add(&mut self, value: &'a [u8]) -> Result<(), HttpError> {
         for token in list_tokens(value) {
-            if token.eq_ignore_ascii_case(b"close") || token.eq_ignore_ascii_case(b"keep-alive") {
+            // `close` and `keep-alive` are options, not field names. Host is never dropped:
+            // a sender may list any field, but an HTTP/1.1 request forwarded without Host is
+            // invalid (found by fuzz/, target `codec`: `Connection: host`).
+            if token.eq_ignore_ascii_case(b"close")
+                || token.eq_ignore_ascii_case(b"keep-alive")
+                || token.eq_ignore_ascii_case(b"host")
+            {
                 continue;
             }
             if self.len == MAX_CONNECTION_OPTIONS {

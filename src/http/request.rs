@@ -524,6 +524,14 @@ mod tests {
         assert_eq!(head.forwarded_for.count_ones(), 1);
     }
 
+    /// Found by `fuzz/` (target `codec`): `Connection: host` made Spillway forward an
+    /// HTTP/1.1 request without Host.
+    #[test]
+    fn a_connection_option_naming_host_keeps_host() {
+        let raw = "POST /v HTTP/1.1\r\nHost: r\r\nConnection: host, x-a\r\nX-A: 1\r\n\r\n";
+        assert_eq!(forwarded(raw), ["host"]);
+    }
+
     #[test]
     fn connection_options_are_bounded() {
         let sixteen: Vec<String> = (0..16).map(|i| format!("x-{i}")).collect();
