@@ -172,7 +172,10 @@ def table(rows, start, end):
            "answered 2xx | refused 529 | refused 503 | cancelled | other errors |",
            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     out.append(row_line("idle, before traffic", rows[0]))
-    for name, q in (("start", 0.0), ("25 %", 0.25), ("50 %", 0.5), ("75 %", 0.75), ("end", 1.0)):
+    # "start": one interval in, the first sample that saw traffic for a whole interval.
+    step = rows[1]["t_s"] - rows[0]["t_s"] if len(rows) > 1 else 0.0
+    out.append(row_line("start", nearest(rows, start + step)))
+    for name, q in (("25 %", 0.25), ("50 %", 0.5), ("75 %", 0.75), ("end", 1.0)):
         out.append(row_line(name, nearest(rows, start + q * (end - start))))
     out.append(row_line("after cool-down", rows[-1]))
     return out
