@@ -5,13 +5,14 @@
 //! three hundred on the admin port (partial heads) are held open while a normal client's
 //! requests keep their latency and the monitor keeps its publish rate; then the read
 //! timeouts close every one of them, and admin connections over `admin_max_connections`
-//! are refused at once.
+//! are refused at once. A head that declares a large body reserves little before its bytes
+//! come. The tests here run one at a time (`ONE_AT_A_TIME`): each measures the process.
 
 use spillway_testkit::*;
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -38,6 +39,9 @@ const WINDOW: Duration = Duration::from_secs(2);
 /// fds besides the slow connections: the proxy's threads, rings, listeners and pools,
 /// the fake workers' sockets, the test's own clients.
 const FD_MARGIN: usize = 300;
+
+/// Held by each test for its whole run.
+static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
 #[derive(Clone, Copy, PartialEq, Debug)]
 enum Kind {
@@ -355,6 +359,7 @@ fn check_endings(slow: &[Slow], stopped: Instant, admin_places: usize) -> AdminE
 
 #[test]
 fn slowloris_on_both_ports_changes_nothing_for_others_and_times_out() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let (data_n, admin_n, admin_cap) = slow_counts();
     let (up, flipping) = (echo_upstream("m"), flipping_worker());
     let p = proxy(2, &config(&up.url(), &flipping.url(), admin_cap));
@@ -416,4 +421,57 @@ fn slowloris_on_both_ports_changes_nothing_for_others_and_times_out() {
         Duration::from_secs(5),
         || metric_value(&metrics(p.admin_addr), active) == Some(0.0),
     );
+}
+
+/// This process's address space (VmSize), in KiB.
+fn vm_size_kib() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let line = status.lines().find(|l| l.starts_with("VmSize:")).unwrap();
+    line.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+/// The body is read into the connection's buffer, but a head declaring 45 MiB (the default
+/// `max_body_bytes`) must not reserve 45 MiB before a byte of it arrives: 200 such heads
+/// (200 × 130 bytes) reserved 9 GiB of address space, and under an address-space limit or
+/// strict overcommit the failed allocation aborted the whole proxy. Up front a connection
+/// now reserves at most what it keeps anyway (`RETAINED_BUF_MAX`, 256 KiB); a larger body
+/// grows the buffer as it arrives (tests/streaming.rs sends a 2 MiB one).
+#[test]
+fn a_declared_content_length_alone_reserves_little() {
+    let _alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    const HEADS: u64 = 200;
+    let up = echo_upstream("m");
+    let p = proxy(2, &model("m", "", &[up.url()]));
+    assert_eq!(once(p.data_addr, &chat("m")).status, 200);
+    let before = vm_size_kib();
+    // `Expect: 100-continue`: the proxy answers it just before it reserves the body.
+    let head = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nhost: t\r\ncontent-type: application/json\r\n\
+         expect: 100-continue\r\ncontent-length: {}\r\n\r\n",
+        45 * 1024 * 1024
+    );
+    let mut heads: Vec<Client> = (0..HEADS)
+        .map(|_| {
+            let mut c = Client::connect(p.data_addr);
+            c.send(head.as_bytes());
+            c
+        })
+        .collect();
+    for c in &mut heads {
+        assert_eq!(c.response().status, 100);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let grown = vm_size_kib().saturating_sub(before);
+    eprintln!(
+        "{HEADS} heads declaring 45 MiB: address space grew {} MiB",
+        grown / 1024
+    );
+    // 2 MiB a connection: room for the 256 KiB and for whatever else the process maps
+    // meanwhile, 20 times under the 45 MiB each reserved before.
+    assert!(
+        grown < HEADS * 2 * 1024,
+        "address space grew {} MiB for {HEADS} heads",
+        grown / 1024
+    );
+    assert_eq!(once(p.data_addr, &chat("m")).status, 200);
 }

@@ -12,6 +12,7 @@ use monoio::io::AsyncWriteRentExt;
 use super::conn::Conn;
 use super::watch::Reader;
 use crate::http::chunked::Dechunker;
+use crate::http::limits::RETAINED_BUF_MAX;
 use crate::http::{BodyFraming, HttpError};
 use crate::runtime::reader::ReadDone;
 
@@ -57,7 +58,12 @@ impl Conn {
         let total = match self.head.body {
             BodyFraming::Length(n) => {
                 let total = head_len + n as usize;
-                reader.as_mut().reserve_total(total);
+                // One allocation for the body, but only up to what a connection keeps
+                // anyway: a head alone must not reserve up to `max_body_bytes`. A larger
+                // body grows the buffer as its bytes arrive.
+                reader
+                    .as_mut()
+                    .reserve_total(total.min(head_len + RETAINED_BUF_MAX));
                 Some(total)
             }
             BodyFraming::Chunked => None,
