@@ -55,16 +55,19 @@ fn is_timeout(e: &std::io::Error) -> bool {
 }
 
 /// The config of generation `generation`: what changes between reloads is the router
-/// mode, the migration limit, output-block tracking, a prefill threshold and the queue
-/// deadline; never a worker's N or Q (new limits would start a new gate).
+/// mode, the migration limit, output-block tracking, a prefill threshold, the queue
+/// deadline and how soon idle client connections park (at once, after 5 ms, after 1 s);
+/// never a worker's N or Q (new limits would start a new gate).
 fn config(urls: &[String], generation: u64) -> String {
     const MODES: [&str; 4] = ["round-robin", "least-loaded", "power-of-two", "random"];
     let mut s = test_head(CORES);
     s += &format!(
         "monitor_interval_ms = 10\nmigration_limit = {}\n[limits]\nconnect_timeout_ms = 200\n\
          upstream_first_byte_timeout_ms = 5000\nworker_down_backoff_ms = 20\n\
-         worker_down_backoff_max_ms = 160\nworker_refusal_hold_ms = 20\n",
-        1 + generation % 3
+         worker_down_backoff_max_ms = 160\nworker_refusal_hold_ms = 20\n\
+         buffer_release_ms = {}\n",
+        1 + generation % 3,
+        [0, 5, 1000][generation as usize % 3]
     );
     s += &format!(
         "[[models]]\nname = \"m\"\nrouter_mode = \"{}\"\ntrack_output_blocks = {}\n",
@@ -155,16 +158,23 @@ fn audit_gauges(p: &ServerHandle) {
             p.shared.connections.load(SeqCst) == 0 && snap.workers.iter().all(idle)
         },
     );
-    eventually("load and connection gauges at zero", ms(10_000), || {
-        let m = metrics(p.admin_addr);
-        let series: Vec<&str> = (m.lines())
-            .filter(|l| {
-                l.starts_with("dynamo_frontend_worker_active_")
-                    || l.starts_with("spillway_connections_active")
-            })
-            .collect();
-        series.len() == 2 * WORKERS + 1 && series.iter().all(|l| l.ends_with(" 0"))
-    });
+    // Every connection buffer back in its core's pool (the gauges refresh once a second).
+    eventually(
+        "load, connection and buffer gauges at zero",
+        ms(10_000),
+        || {
+            let m = metrics(p.admin_addr);
+            let series: Vec<&str> = (m.lines())
+                .filter(|l| {
+                    l.starts_with("dynamo_frontend_worker_active_")
+                        || l.starts_with("spillway_connections_active")
+                        || l.starts_with("spillway_connections_parked")
+                        || l.starts_with("spillway_connection_buffers_lent")
+                })
+                .collect();
+            series.len() == 2 * WORKERS + 3 && series.iter().all(|l| l.ends_with(" 0"))
+        },
+    );
     let load = admin_get(p.admin_addr, "/load").json();
     for w in load["workers"].as_array().unwrap() {
         for key in ["inflight", "slots_in_use", "queued"] {

@@ -94,7 +94,9 @@ pub fn parse_http_url(url: &str) -> Result<HostPort, String> {
     // `http` reports no port for one it cannot read as a u16 (`:80000`): read the
     // authority's own text, so that such a port is refused rather than taken as 80.
     let authority = uri.authority().map_or("", |a| a.as_str());
-    let after_host = authority.rsplit_once(']').map_or(authority, |(_, rest)| rest);
+    let after_host = authority
+        .rsplit_once(']')
+        .map_or(authority, |(_, rest)| rest);
     let port = match after_host.rsplit_once(':') {
         None => 80,
         Some((_, p)) => p
@@ -102,7 +104,9 @@ pub fn parse_http_url(url: &str) -> Result<HostPort, String> {
             .map_err(|_| format!("`{url}`: the port must be a number from 1 to 65535"))?,
     };
     if port == 0 {
-        return Err(format!("`{url}`: the port must be a number from 1 to 65535"));
+        return Err(format!(
+            "`{url}`: the port must be a number from 1 to 65535"
+        ));
     }
     Ok(HostPort {
         host: host
@@ -190,7 +194,10 @@ mod tests {
         assert_eq!(parse_http_url("http://w:65535").unwrap().port, 65535);
         for bad in ["http://w:80000", "http://w:0", "http://w:65536/"] {
             let e = parse_http_url(bad).unwrap_err();
-            assert!(e.contains("port must be a number from 1 to 65535"), "{bad}: {e}");
+            assert!(
+                e.contains("port must be a number from 1 to 65535"),
+                "{bad}: {e}"
+            );
         }
     }
 }
