@@ -15,6 +15,7 @@ WORKDIR /src
 # Spillway's own code does not rebuild them. Cargo loads every workspace member's manifest,
 # so each member gets one here (.ci/docker-stages replays these steps in CI).
 COPY Cargo.toml Cargo.lock ./
+COPY .cargo/ .cargo/
 COPY mock/Cargo.toml mock/
 COPY testkit/Cargo.toml testkit/
 RUN mkdir -p src mock/src testkit/src \

@@ -14,7 +14,29 @@ use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
 use spillway::runtime::{clock, resolve};
 use spillway::{Config, ConfigSource, Overrides};
 
+/// mimalloc: memory freed by connections that went idle (their request loop's state and
+/// buffers) goes back to the system, where the system allocator keeps it as holes between
+/// the parked connections' small allocations (bench/results/connections.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// mimalloc's `mi_option_purge_delay`, by its number in `mi_option_e` (mimalloc.h, v3).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Freed pages go back to the system at once: the data path allocates nothing per request,
+/// so a purge delayed to a later allocator call could wait indefinitely. (Arenas commit
+/// memory as it is used: a build-time default, set in .cargo/config.toml, because the
+/// first arena exists before `main`.)
+#[allow(unsafe_code)]
+fn tune_allocator() {
+    // SAFETY: `mi_option_set` stores an integer in mimalloc's option table, which is read
+    // atomically by every purge; the option exists in the bundled mimalloc (v3,
+    // libmimalloc-sys 0.1.49); this runs first in `main`, before any thread of ours starts.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, 0) }
+}
+
 fn main() {
+    tune_allocator();
     if let Err(e) = run() {
         eprintln!("spillway: {e:#}");
         std::process::exit(2);

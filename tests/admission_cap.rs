@@ -4,7 +4,7 @@
 //! queue timeouts and completions, against a worker that records what it had open. N is a
 //! bound at every instant: a waiter that leaves frees a queue place, never an engine slot.
 //!
-//! Randomness comes from a seeded xorshift; a failure prints its seed, and
+//! Randomness comes from testkit's seeded xorshift; a failure prints its seed, and
 //! `SPILLWAY_TEST_SEED=<seed>` replays it.
 
 use std::collections::HashMap;
@@ -17,50 +17,6 @@ use spillway_testkit::*;
 
 const QUEUE_DELAY: &str =
     "Server overloaded: request rejected after exceeding the backend admission queue delay";
-
-/// xorshift64*: enough randomness to shuffle a test, and replayable.
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.max(1))
-    }
-
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-
-    /// Uniform in `0..n`.
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-fn seed() -> u64 {
-    let seed = std::env::var("SPILLWAY_TEST_SEED")
-        .ok()
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| {
-            std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .unwrap()
-                .as_nanos() as u64
-        });
-    eprintln!("seed {seed} (replay with SPILLWAY_TEST_SEED={seed})");
-    seed
-}
-
-/// One request as the worker handled it: its tag (the prompt) and when the worker started
-/// and stopped answering it (stopped: before its response's first byte was written).
-#[derive(Debug, Clone)]
-struct Handled {
-    tag: String,
-    start: Instant,
-    end: Instant,
-}
 
 /// What the recording worker shares with the test.
 #[derive(Default)]
@@ -221,29 +177,6 @@ fn a_waiter_that_leaves_frees_a_place_never_a_slot() {
         assert_eq!(log.max_open.load(Ordering::SeqCst), 1, "round {round}");
         counters_back_to_zero(p.admin_addr, "m", "w");
     }
-}
-
-/// The most requests the worker had open at once, counting a request open from when the
-/// worker started it until it stopped or its client left, whichever came first. A client
-/// leaves before Spillway can notice and give the slot back, so this never counts a
-/// request Spillway no longer holds, however late the worker sees its connection close.
-fn most_open_at_once(handled: &[Handled], left: &HashMap<String, Instant>) -> usize {
-    let mut events: Vec<(Instant, i32)> = Vec::new();
-    for h in handled {
-        let end = left.get(&h.tag).map_or(h.end, |l| h.end.min(*l));
-        if end > h.start {
-            events.push((h.start, 1));
-            events.push((end, -1));
-        }
-    }
-    // At the same instant an end comes before a start (intervals are half-open).
-    events.sort();
-    let (mut open, mut most) = (0i32, 0i32);
-    for (_, d) in events {
-        open += d;
-        most = most.max(open);
-    }
-    most as usize
 }
 
 /// What one client did.

@@ -83,7 +83,14 @@ fn allocations_per_steady_run(
 ) -> u64 {
     let _one_at_a_time = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
     let urls: Vec<String> = (0..workers).map(|_| worker()).collect();
-    let p = proxy(1, &model_toml(&urls));
+    // Connections that idle past `buffer_release_ms` park and allocate their request
+    // loop's state again when they wake (once per wake, not per request): keep this one
+    // busy whatever the machine's pauses.
+    let toml = format!(
+        "[limits]\nbuffer_release_ms = 600000\n{}",
+        model_toml(&urls)
+    );
+    let p = proxy(1, &toml);
     let mut client = TcpStream::connect(p.data_addr).unwrap();
     client.set_nodelay(true).unwrap();
     let mut buf = [0u8; 4096];

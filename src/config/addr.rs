@@ -91,12 +91,29 @@ pub fn parse_http_url(url: &str) -> Result<HostPort, String> {
         return Err(format!("`{url}`: a query string is not supported"));
     }
     let host = uri.host().ok_or_else(|| format!("`{url}` has no host"))?;
+    // `http` reports no port for one it cannot read as a u16 (`:80000`): read the
+    // authority's own text, so that such a port is refused rather than taken as 80.
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    let after_host = authority
+        .rsplit_once(']')
+        .map_or(authority, |(_, rest)| rest);
+    let port = match after_host.rsplit_once(':') {
+        None => 80,
+        Some((_, p)) => p
+            .parse::<u16>()
+            .map_err(|_| format!("`{url}`: the port must be a number from 1 to 65535"))?,
+    };
+    if port == 0 {
+        return Err(format!(
+            "`{url}`: the port must be a number from 1 to 65535"
+        ));
+    }
     Ok(HostPort {
         host: host
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_string(),
-        port: uri.port_u16().unwrap_or(80),
+        port,
     })
 }
 
@@ -174,5 +191,13 @@ mod tests {
         assert!(parse_http_url("http://w/base").is_err());
         assert!(parse_http_url("http://w/?q").is_err());
         assert!(parse_http_url("w:1").is_err());
+        assert_eq!(parse_http_url("http://w:65535").unwrap().port, 65535);
+        for bad in ["http://w:80000", "http://w:0", "http://w:65536/"] {
+            let e = parse_http_url(bad).unwrap_err();
+            assert!(
+                e.contains("port must be a number from 1 to 65535"),
+                "{bad}: {e}"
+            );
+        }
     }
 }

@@ -57,6 +57,7 @@ pub struct FileLimits {
     pub header_read_timeout_ms: Option<Spanned<u64>>,
     pub body_read_timeout_ms: Option<Spanned<u64>>,
     pub idle_timeout_ms: Option<Spanned<u64>>,
+    pub buffer_release_ms: Option<Spanned<u64>>,
     pub connect_timeout_ms: Option<Spanned<u64>>,
     pub upstream_first_byte_timeout_ms: Option<Spanned<u64>>,
     pub max_connections: Option<Spanned<usize>>,

@@ -173,6 +173,10 @@ impl<'a> Validator<'a> {
                 d.body_read_timeout_ms,
             )?,
             idle_timeout_ms: ms("idle_timeout_ms", &l.idle_timeout_ms, d.idle_timeout_ms)?,
+            buffer_release_ms: l
+                .buffer_release_ms
+                .as_ref()
+                .map_or(d.buffer_release_ms, |v| *v.get_ref()),
             connect_timeout_ms: ms(
                 "connect_timeout_ms",
                 &l.connect_timeout_ms,

@@ -24,8 +24,19 @@ pub const MAX_TRAILER_BYTES: usize = 16 * 1024;
 /// Deepest JSON nesting the body scanner accepts (serde_json's own bound).
 pub const MAX_JSON_DEPTH: u32 = 128;
 
-/// Read buffer a connection starts with; grows only for large heads or bodies.
+/// Read buffer a connection takes when a request arrives; grows only for large heads or
+/// bodies.
 pub const INITIAL_READ_BUF: usize = 16 * 1024;
+
+/// Buffer for what is written to the client (and the request forwarded upstream).
+pub const WRITE_BUF: usize = 4 * 1024;
+
+/// Free buffers of each size a core's pool keeps after traffic.
+pub const BUFFER_POOL_IDLE: usize = 16;
+
+/// What a connection that went idle without a buffer reads first: the start of its next
+/// request (then it takes a buffer for the rest).
+pub const IDLE_PROBE_LEN: usize = 32;
 
 /// A connection buffer that grew beyond this for one large body is shrunk back afterwards,
 /// so a single 40 MB upload does not pin 40 MB per idle keep-alive connection.
@@ -71,6 +82,9 @@ pub mod defaults {
     /// `client_body_timeout`, between reads, so a large upload on a slow link is fine).
     pub const BODY_READ_TIMEOUT_MS: u64 = 10_000;
     pub const IDLE_TIMEOUT_MS: u64 = 60_000;
+    /// A keep-alive connection with nothing to read for this long gives its buffers back
+    /// to the core's pool and waits for its next request without one (0: at once).
+    pub const BUFFER_RELEASE_MS: u64 = 1_000;
     pub const CONNECT_TIMEOUT_MS: u64 = 2_000;
     pub const UPSTREAM_FIRST_BYTE_TIMEOUT_MS: u64 = 600_000;
     pub const MAX_CONNECTIONS: usize = 65_536;
@@ -100,6 +114,7 @@ pub struct Limits {
     pub header_read_timeout_ms: u64,
     pub body_read_timeout_ms: u64,
     pub idle_timeout_ms: u64,
+    pub buffer_release_ms: u64,
     pub connect_timeout_ms: u64,
     pub upstream_first_byte_timeout_ms: u64,
     pub max_connections: usize,
@@ -121,6 +136,7 @@ impl Default for Limits {
             header_read_timeout_ms: HEADER_READ_TIMEOUT_MS,
             body_read_timeout_ms: BODY_READ_TIMEOUT_MS,
             idle_timeout_ms: IDLE_TIMEOUT_MS,
+            buffer_release_ms: BUFFER_RELEASE_MS,
             connect_timeout_ms: CONNECT_TIMEOUT_MS,
             upstream_first_byte_timeout_ms: UPSTREAM_FIRST_BYTE_TIMEOUT_MS,
             max_connections: MAX_CONNECTIONS,

@@ -165,6 +165,28 @@ fn counters(f: &mut Families, shared: &Shared) {
         let sum: u64 = shared.counters.iter().map(|c| get(c).load(Relaxed)).sum();
         f.counter(name, help, [(Vec::new(), sum as f64)]);
     }
+    let gauge = |get: Cell| {
+        shared
+            .counters
+            .iter()
+            .map(|c| get(c).load(Relaxed))
+            .sum::<u64>()
+    };
+    f.gauge(
+        "spillway_connections_parked",
+        "Idle keep-alive client connections holding no buffer (refreshed once a second)",
+        [(Vec::new(), gauge(|c| &c.parked_connections) as f64)],
+    );
+    f.gauge(
+        "spillway_connection_buffers_lent",
+        "Connection buffers lent to busy connections (refreshed once a second)",
+        [(Vec::new(), gauge(|c| &c.buffers_lent) as f64)],
+    );
+    f.gauge(
+        "spillway_connection_buffer_pool_bytes",
+        "Bytes of free connection buffers kept by the cores' pools (refreshed once a second)",
+        [(Vec::new(), gauge(|c| &c.buffer_pool_bytes) as f64)],
+    );
     f.counter(
         "spillway_core_connections_total",
         "Client connections accepted, per data-path core",

@@ -1,6 +1,10 @@
-//! One client connection: read a request head, dispatch it, repeat while keep-alive holds.
-//! Pipelined requests are served in order. What a request needs from its connection lives
-//! in [`Conn`]; the client's read half is the pinned [`ClientReader`] beside it.
+//! One client connection: bursts of requests, parked between them. A burst reads request
+//! heads and dispatches them, pipelined ones in order, while keep-alive holds and requests
+//! keep coming; it holds buffers from the core's pool and the request loop's state. After
+//! `buffer_release_ms` with nothing to read the connection parks: buffers back to the pool,
+//! the request loop's state freed, and only a small probe read in flight until the next
+//! request (or `idle_timeout_ms`). What a request needs from its connection lives in
+//! [`Conn`]; the client's read half is the pinned [`ClientReader`] beside it.
 
 use std::future::Future;
 use std::io;
@@ -8,20 +12,22 @@ use std::io::Write as _;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
+use std::time::Instant;
 
 use monoio::buf::IoBuf;
-use monoio::io::{AsyncWriteRentExt, Splitable};
+use monoio::io::{AsyncWriteRentExt, Canceller, Splitable};
 use monoio::net::TcpStream;
-use monoio::net::tcp::TcpOwnedWriteHalf;
+use monoio::net::tcp::{TcpOwnedReadHalf, TcpOwnedWriteHalf};
 
 use super::core::{CoreCtx, FRESH_REQUEST_ID_LEN, SnapshotRef};
 use super::error::RequestError;
 use super::guards::{ActiveRequest, Connection};
 use super::head::HeadRead;
+use super::park::{Parked, park};
 use super::watch::Reader;
-use crate::http::limits::{INITIAL_READ_BUF, MAX_REQUEST_ID_LEN, RESPONSE_READ_BUF};
+use crate::http::limits::{IDLE_PROBE_LEN, MAX_REQUEST_ID_LEN};
 use crate::http::request::RequestHead;
-use crate::runtime::reader::{ClientReader, ReadDone, read_more};
+use crate::runtime::reader::{ClientReader, ReadDone, Released, read_more};
 use crate::shed::Class;
 use crate::state::counters::add;
 
@@ -29,27 +35,94 @@ use crate::state::counters::add;
 pub(super) async fn serve(ctx: Rc<CoreCtx>, stream: TcpStream, peer: SocketAddr) {
     let _connection = Connection::adopt(&ctx);
     let _ = stream.set_nodelay(true);
-    let (read_half, writer) = stream.into_split();
+    let (half, writer) = stream.into_split();
+    let mut parked = Parked {
+        half,
+        writer,
+        peer: PeerIp::new(peer),
+        canceller: Canceller::new(),
+        probe: Box::new([0; IDLE_PROBE_LEN]),
+        probed: 0,
+    };
+    loop {
+        // Boxed: the request loop's state (kilobytes) exists only while requests come.
+        let Some((idle, since)) = Box::pin(burst(ctx.clone(), parked)).await else {
+            return;
+        };
+        let Some(woken) = park(&ctx, idle, since).await else {
+            return;
+        };
+        parked = woken;
+    }
+}
+
+/// How a burst ended.
+enum Ended {
+    Closed,
+    /// Nothing to read since `since`: the half, the empty read buffer, the canceller.
+    Idle {
+        since: Instant,
+        half: TcpOwnedReadHalf,
+        buf: Vec<u8>,
+        canceller: Canceller,
+    },
+}
+
+/// Serves requests with buffers from the pool until the connection closes (None) or
+/// idles; then gives the buffers back and returns what the connection keeps.
+async fn burst(ctx: Rc<CoreCtx>, parked: Parked) -> Option<(Parked, Instant)> {
+    let Parked {
+        half,
+        writer,
+        peer,
+        canceller,
+        probe,
+        probed,
+    } = parked;
+    let mut buf = ctx.read_bufs.borrow_mut().take();
+    buf.extend_from_slice(&probe[..probed]);
+    let rbuf = ctx.read_bufs.borrow_mut().take();
+    let out = ctx.write_bufs.borrow_mut().take();
     let mut conn = Conn {
         snap: ctx.snapshot(),
+        io: ClientIo { writer, out, rbuf },
         ctx,
-        io: ClientIo {
-            writer,
-            out: Vec::with_capacity(4096),
-            rbuf: Vec::with_capacity(RESPONSE_READ_BUF),
-        },
         head: RequestHead::default(),
-        peer: PeerIp::new(peer),
+        peer,
         request_id: RequestId::default(),
         class: Class::default(),
         scratch: Vec::new(),
     };
-    let reader = std::pin::pin!(ClientReader::new(
-        read_half,
-        Vec::with_capacity(INITIAL_READ_BUF),
-        read_more
-    ));
-    conn.run(reader).await;
+    let mut reader = std::pin::pin!(ClientReader::new(half, buf, read_more, canceller));
+    let ended = conn.run(reader.as_mut()).await;
+    let Conn { ctx, io, peer, .. } = conn;
+    ctx.write_bufs.borrow_mut().give(io.out);
+    let mut reads = ctx.read_bufs.borrow_mut();
+    reads.give(io.rbuf);
+    match ended {
+        Ended::Idle {
+            since,
+            half,
+            buf,
+            canceller,
+        } => {
+            reads.give(buf);
+            let parked = Parked {
+                half,
+                writer: io.writer,
+                peer,
+                canceller,
+                probe,
+                probed: 0,
+            };
+            Some((parked, since))
+        }
+        Ended::Closed => {
+            // A read still in flight keeps its buffer until the driver drops it.
+            reads.give(reader.as_mut().take_buf().unwrap_or_default());
+            None
+        }
+    }
 }
 
 /// A connection between requests and during one.
@@ -68,18 +141,32 @@ pub(super) struct Conn {
 }
 
 impl Conn {
-    async fn run<F: Future<Output = ReadDone>>(&mut self, mut reader: Reader<'_, F>) {
+    /// The request loop of a burst.
+    async fn run<F: Future<Output = ReadDone>>(&mut self, mut reader: Reader<'_, F>) -> Ended {
         loop {
             self.snap = self.ctx.snapshot();
             self.class = self.snap.config.classes.default;
             match self.read_head(reader.as_mut()).await {
                 HeadRead::Ready => {}
-                HeadRead::Closed => return,
+                HeadRead::Closed => return Ended::Closed,
+                HeadRead::Idle(since) => match reader.as_mut().release().await {
+                    Released::Idle(half, buf, canceller) => {
+                        return Ended::Idle {
+                            since,
+                            half,
+                            buf,
+                            canceller,
+                        };
+                    }
+                    // A request arrived as the read was cancelled: serve it.
+                    Released::Data => continue,
+                    Released::Closed => return Ended::Closed,
+                },
                 HeadRead::Bad(e) => {
                     add(&self.ctx.counters().bad_requests, 1);
                     self.request_id.fresh(&self.ctx);
                     self.answer(RequestError::Framing(e), false, true).await;
-                    return;
+                    return Ended::Closed;
                 }
             }
             match self.head.request_id.map(|s| s.get(reader.buf())) {
@@ -93,7 +180,7 @@ impl Conn {
             }
             let _active = ActiveRequest::start(&self.ctx);
             if !self.dispatch(reader.as_mut()).await || draining {
-                return;
+                return Ended::Closed;
             }
         }
     }

@@ -1,4 +1,4 @@
-//! What one core owns: its upstream pools, RNG, round-robin positions, its caches of the
+//! What one core owns: its upstream pools, its connection buffers, RNG, round-robin positions, its caches of the
 //! snapshot and of its busy-set replica, the count of requests in progress and the request
 //! id sequence. Reached from every task of the core through an `Rc`; never shared.
 
@@ -8,9 +8,12 @@ use std::sync::Arc;
 
 use arc_swap::ArcSwap;
 
+use super::park::ParkedConns;
 use super::pool::Pools;
+use crate::http::limits::{BUFFER_POOL_IDLE, INITIAL_READ_BUF, WRITE_BUF};
 use crate::route::Rng;
 use crate::route::prefix::MAX_CHUNKS;
+use crate::runtime::buffers::BufferPool;
 use crate::shed::Knob;
 use crate::state::{BusySet, CoreCounters, Shared, Snapshot};
 
@@ -27,6 +30,12 @@ pub struct CoreCtx {
     pub id: usize,
     pub shared: Arc<Shared>,
     pub pools: RefCell<Pools>,
+    /// Connection buffers lent per burst of requests: client and upstream reads ...
+    pub read_bufs: RefCell<BufferPool>,
+    /// ... and writes to the client.
+    pub write_bufs: RefCell<BufferPool>,
+    /// Client connections parked without buffers, with their idle deadlines.
+    pub parked: RefCell<ParkedConns>,
     pub rng: RefCell<Rng>,
     /// Round-robin position per model id.
     rr: RefCell<Vec<u64>>,
@@ -62,6 +71,9 @@ impl CoreCtx {
         CoreCtx {
             id,
             pools: RefCell::new(Pools::default()),
+            read_bufs: RefCell::new(BufferPool::new(INITIAL_READ_BUF, BUFFER_POOL_IDLE)),
+            write_bufs: RefCell::new(BufferPool::new(WRITE_BUF, BUFFER_POOL_IDLE)),
+            parked: RefCell::new(ParkedConns::default()),
             rng: RefCell::new(Rng::new(seed)),
             rr: RefCell::new(Vec::new()),
             busy: RefCell::new(busy),

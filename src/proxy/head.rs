@@ -1,6 +1,7 @@
 //! Stage: read a request head. Between requests a connection may idle for
-//! `idle_timeout_ms` (then it closes quietly); once a head has started it must complete
-//! within `header_read_timeout_ms` (else 408 and close).
+//! `idle_timeout_ms` (then it closes quietly), parked without buffers after
+//! `buffer_release_ms`; once a head has started it must complete within
+//! `header_read_timeout_ms` (else 408 and close).
 
 use std::future::Future;
 use std::time::{Duration, Instant};
@@ -16,6 +17,8 @@ pub(super) enum HeadRead {
     Ready,
     /// The client closed or idled out between requests.
     Closed,
+    /// Nothing arrived for `buffer_release_ms` since this instant: time to park.
+    Idle(Instant),
     Bad(HttpError),
 }
 
@@ -26,6 +29,8 @@ impl Conn {
     ) -> HeadRead {
         let limits = &self.snap.config.limits;
         let mut started: Option<Instant> = None;
+        let idle = Duration::from_millis(limits.idle_timeout_ms);
+        let release = Duration::from_millis(limits.buffer_release_ms);
         loop {
             if !reader.buf().is_empty() && !reader.is_reading() {
                 started.get_or_insert_with(clock::now);
@@ -36,8 +41,9 @@ impl Conn {
                     Err(e) => return HeadRead::Bad(e),
                 }
             }
+            // Unstarted, this is the first wait: it begins now.
             let wait = match started {
-                None => Duration::from_millis(limits.idle_timeout_ms),
+                None => release.min(idle),
                 Some(t) => Duration::from_millis(limits.header_read_timeout_ms)
                     .saturating_sub(clock::since(t)),
             };
@@ -45,6 +51,7 @@ impl Conn {
                 Ok(Ok(0)) | Ok(Err(_)) => return HeadRead::Closed,
                 Ok(Ok(_)) => {}
                 Err(_) if started.is_some() => return HeadRead::Bad(HttpError::HeaderTimeout),
+                Err(_) if release < idle => return HeadRead::Idle(clock::now() - release),
                 Err(_) => return HeadRead::Closed,
             }
         }

@@ -22,6 +22,7 @@ mod error;
 mod forward;
 mod guards;
 mod head;
+mod park;
 mod pick;
 mod pool;
 mod relay;

@@ -1,8 +1,9 @@
 //! Per-core keep-alive pools of upstream connections, per worker slot (newest last), and
-//! the once-a-second sweep that closes the stale ones.
+//! the once-a-second sweep that closes the stale ones and trims the buffer pools.
 
 use std::os::fd::AsRawFd;
 use std::rc::Rc;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use monoio::net::TcpStream;
@@ -81,10 +82,13 @@ fn is_open(stream: &TcpStream) -> bool {
     )
 }
 
-/// Closes idle pooled connections past their timeout, once a second.
+/// Once a second: closes idle pooled connections past their timeout, trims the buffer
+/// pools to what the last second needed, closes parked client connections past their idle
+/// timeout, and refreshes the core's gauges.
 pub(super) async fn sweep_pools(ctx: Rc<CoreCtx>) {
     loop {
         monoio::time::sleep(Duration::from_secs(1)).await;
+        trim_buffers(&ctx);
         let timeout = ctx
             .shared
             .snapshot
@@ -94,4 +98,22 @@ pub(super) async fn sweep_pools(ctx: Rc<CoreCtx>) {
             .pool_idle_timeout_ms;
         ctx.pools.borrow_mut().sweep(clock::now_ms(), timeout);
     }
+}
+
+fn trim_buffers(ctx: &CoreCtx) {
+    let (mut reads, mut writes) = (ctx.read_bufs.borrow_mut(), ctx.write_bufs.borrow_mut());
+    reads.trim();
+    writes.trim();
+    let counters = ctx.counters();
+    let lent = reads.lent() + writes.lent();
+    let free = reads.free_bytes() + writes.free_bytes();
+    counters.buffers_lent.store(lent as u64, Ordering::Relaxed);
+    counters
+        .buffer_pool_bytes
+        .store(free as u64, Ordering::Relaxed);
+    let mut parked = ctx.parked.borrow_mut();
+    parked.expire(clock::now_ms());
+    counters
+        .parked_connections
+        .store(parked.len() as u64, Ordering::Relaxed);
 }

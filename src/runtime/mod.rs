@@ -2,6 +2,7 @@
 //! placement on CPUs, SO_REUSEPORT listeners and the accept loop, the process clock, the
 //! client read slot, and name resolution. No proxy logic lives here.
 
+pub mod buffers;
 pub mod clock;
 pub mod listen;
 pub mod reader;

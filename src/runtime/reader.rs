@@ -4,8 +4,9 @@
 //! monoio reads take the buffer by value. Dropping an in-flight read would hand the buffer
 //! to the driver (and allocate), so the read future is kept in a pinned slot instead: the
 //! read issued to watch for a client disconnect while the upstream works simply becomes
-//! the read of the next request on a keep-alive connection. Only a closing connection ever
-//! abandons a read.
+//! the read of the next request on a keep-alive connection. A connection that idles gets
+//! its buffer back by cancelling that read ([`ClientReader::release`]); only a closing
+//! connection ever abandons one.
 
 use std::future::Future;
 use std::io;
@@ -13,21 +14,35 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use monoio::buf::IoBufMut;
-use monoio::io::AsyncReadRent;
+use monoio::io::{CancelHandle, CancelableAsyncReadRent, Canceller};
 use monoio::net::tcp::TcpOwnedReadHalf;
 
 use crate::http::limits::{CLIENT_READ_MIN_SPARE, RETAINED_BUF_MAX};
 
 pub type ReadDone = (TcpOwnedReadHalf, Vec<u8>, io::Result<usize>);
 
-/// One read appended to `buf`'s spare capacity.
-pub async fn read_more(mut half: TcpOwnedReadHalf, mut buf: Vec<u8>) -> ReadDone {
+/// One read appended to `buf`'s spare capacity; `cancel` can end it early.
+pub async fn read_more(
+    mut half: TcpOwnedReadHalf,
+    mut buf: Vec<u8>,
+    cancel: CancelHandle,
+) -> ReadDone {
     if buf.capacity() - buf.len() < CLIENT_READ_MIN_SPARE {
         buf.reserve(CLIENT_READ_MIN_SPARE);
     }
     let len = buf.len();
-    let (res, slice) = half.read(buf.slice_mut(len..)).await;
+    let (res, slice) = half.cancelable_read(buf.slice_mut(len..), cancel).await;
     (half, slice.into_inner(), res)
+}
+
+/// How [`ClientReader::release`] ended.
+pub enum Released {
+    /// Nothing had arrived: the half, the (empty) buffer and the canceller are back.
+    Idle(TcpOwnedReadHalf, Vec<u8>, Canceller),
+    /// Bytes arrived before the cancel took effect: they are buffered, keep serving.
+    Data,
+    /// The client closed, or the read failed.
+    Closed,
 }
 
 pin_project_lite::pin_project! {
@@ -35,7 +50,8 @@ pin_project_lite::pin_project! {
         #[pin]
         pending: Option<F>,
         idle: Option<(TcpOwnedReadHalf, Vec<u8>)>,
-        start: fn(TcpOwnedReadHalf, Vec<u8>) -> F,
+        start: fn(TcpOwnedReadHalf, Vec<u8>, CancelHandle) -> F,
+        canceller: Option<Canceller>,
     }
 }
 
@@ -43,12 +59,41 @@ impl<F: Future<Output = ReadDone>> ClientReader<F> {
     pub fn new(
         half: TcpOwnedReadHalf,
         buf: Vec<u8>,
-        start: fn(TcpOwnedReadHalf, Vec<u8>) -> F,
+        start: fn(TcpOwnedReadHalf, Vec<u8>, CancelHandle) -> F,
+        canceller: Canceller,
     ) -> Self {
         ClientReader {
             pending: None,
             idle: Some((half, buf)),
             start,
+            canceller: Some(canceller),
+        }
+    }
+
+    /// Ends the connection's read so that it can idle without a buffer: cancels the read
+    /// in flight (if any) and hands back the half and the buffer, which holds no bytes.
+    pub async fn release(mut self: Pin<&mut Self>) -> Released {
+        if self.is_reading() {
+            let this = self.as_mut().project();
+            *this.canceller = this.canceller.take().map(Canceller::cancel);
+            match std::future::poll_fn(|cx| self.as_mut().poll_read(cx)).await {
+                Ok(0) => return Released::Closed,
+                Ok(_) => return Released::Data,
+                Err(e) if e.raw_os_error() == Some(nix::errno::Errno::ECANCELED as i32) => {}
+                Err(_) => return Released::Closed,
+            }
+        }
+        let this = self.project();
+        match this.idle.take() {
+            Some((half, buf)) if buf.is_empty() => {
+                Released::Idle(half, buf, this.canceller.take().unwrap_or_default())
+            }
+            // Buffered bytes (callers release an empty reader, but never lose them).
+            Some(parts) => {
+                *this.idle = Some(parts);
+                Released::Data
+            }
+            None => Released::Closed,
         }
     }
 
@@ -64,6 +109,11 @@ impl<F: Future<Output = ReadDone>> ClientReader<F> {
 
     pub fn is_reading(&self) -> bool {
         self.idle.is_none()
+    }
+
+    /// The buffer, unless a read holds it (then it stays with the read).
+    pub fn take_buf(self: Pin<&mut Self>) -> Option<Vec<u8>> {
+        self.project().idle.take().map(|(_, buf)| buf)
     }
 
     /// Drops the first `n` buffered bytes (a finished request), keeping what follows.
@@ -89,7 +139,8 @@ impl<F: Future<Output = ReadDone>> ClientReader<F> {
     pub fn start(self: Pin<&mut Self>) {
         let mut this = self.project();
         if let Some((half, buf)) = this.idle.take() {
-            this.pending.set(Some((this.start)(half, buf)));
+            let cancel = this.canceller.get_or_insert_with(Canceller::new).handle();
+            this.pending.set(Some((this.start)(half, buf, cancel)));
         }
     }
 

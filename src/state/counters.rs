@@ -334,6 +334,11 @@ pub struct CoreCounters {
     pub upstream_reuse_retries: AtomicU64,
     pub failovers: AtomicU64,
     pub client_disconnects: AtomicU64,
+    /// Gauges the core refreshes once a second: its connection buffers lent out, the
+    /// bytes its pool holds free, and its connections parked without buffers.
+    pub buffers_lent: AtomicU64,
+    pub buffer_pool_bytes: AtomicU64,
+    pub parked_connections: AtomicU64,
 }
 
 #[cfg(test)]

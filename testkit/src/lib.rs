@@ -1,6 +1,7 @@
-//! Spillway's test kit, shared by `tests/` and `bench/`: fake workers on port 0, a raw
-//! HTTP/1.1 client, the proxy started in-process from a TOML snippet, admin calls, a
-//! counting allocator, and the rule for tests that need an outside tool.
+//! Spillway's test kit, shared by `tests/` and `bench/`: fake workers on port 0 and what
+//! they had open at once, a raw HTTP/1.1 client, the proxy started in-process from a TOML
+//! snippet, admin calls, a counting allocator, seeded randomness, and the rule for tests
+//! that need an outside tool.
 //!
 //! A test writes `use spillway_testkit::*;` for the common items re-exported here.
 
@@ -13,7 +14,9 @@
 pub mod admin;
 pub mod alloc;
 pub mod client;
+pub mod overlap;
 pub mod proxy;
+pub mod rng;
 pub mod tools;
 pub mod upstream;
 pub mod wait;
@@ -23,9 +26,11 @@ pub use admin::{
     promtool_problems,
 };
 pub use client::{Client, Response, chat, get, once, post, post_with, spawn_request};
+pub use overlap::{Handled, most_open_at_once};
 pub use proxy::{
     ConfigFile, ServerHandle, model, proxy, proxy_file, proxy_with, test_head, worker_name,
 };
+pub use rng::{Rng, seed};
 pub use upstream::{
     Held, Reply, SSE_HEAD, Seen, Step, Upstream, chunk, echo_upstream, json_response, upstream,
 };

@@ -1,0 +1,116 @@
+//! Stage, between bursts of requests: a keep-alive connection with nothing to read for
+//! `buffer_release_ms` parks. It holds no buffer and no request state, only its halves,
+//! its peer and a 32-byte probe read in flight for the first bytes of its next request.
+//! Parked connections have no timer of their own: the core's sweep (once a second) cancels
+//! the probes of those idle past `idle_timeout_ms`, and they close.
+
+use std::time::Instant;
+
+use monoio::io::{CancelableAsyncReadRent, Canceller};
+use monoio::net::tcp::{TcpOwnedReadHalf, TcpOwnedWriteHalf};
+
+use super::conn::PeerIp;
+use super::core::CoreCtx;
+use crate::http::limits::IDLE_PROBE_LEN;
+use crate::runtime::clock;
+
+/// What a connection keeps between bursts.
+pub(super) struct Parked {
+    pub half: TcpOwnedReadHalf,
+    pub writer: TcpOwnedWriteHalf,
+    pub peer: PeerIp,
+    /// Cancels the connection's read in flight (the burst's, or the probe).
+    pub canceller: Canceller,
+    pub probe: Box<[u8; IDLE_PROBE_LEN]>,
+    /// Bytes of the next request in `probe`.
+    pub probed: usize,
+}
+
+/// The idle deadlines of a core's parked connections, with what cancels their probes.
+#[derive(Default)]
+pub struct ParkedConns {
+    deadlines: slab::Slab<(u64, Option<Canceller>)>,
+}
+
+impl std::fmt::Debug for ParkedConns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ParkedConns")
+            .field("parked", &self.deadlines.len())
+            .finish()
+    }
+}
+
+impl ParkedConns {
+    /// Cancels the probes of connections idle past their deadline (they close).
+    pub fn expire(&mut self, now_ms: u64) {
+        for (_, (deadline, canceller)) in self.deadlines.iter_mut() {
+            if *deadline <= now_ms
+                && let Some(c) = canceller.take()
+            {
+                drop(c.cancel());
+            }
+        }
+    }
+
+    /// Connections parked now.
+    pub fn len(&self) -> usize {
+        self.deadlines.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.deadlines.is_empty()
+    }
+}
+
+/// A connection's place in [`ParkedConns`]; gives it back on every path.
+struct Place<'a> {
+    ctx: &'a CoreCtx,
+    key: usize,
+}
+
+impl Place<'_> {
+    /// The canceller back, unless the sweep used it (the connection idled out).
+    fn leave(self) -> Option<Canceller> {
+        let (_, canceller) = self.ctx.parked.borrow_mut().deadlines.remove(self.key);
+        std::mem::forget(self);
+        canceller
+    }
+}
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.ctx.parked.borrow_mut().deadlines.try_remove(self.key);
+    }
+}
+
+/// Waits, without a buffer, for the first bytes of the next request, until the idle
+/// timeout counted from `since`. None: the client closed or idled out.
+pub(super) async fn park(ctx: &CoreCtx, parked: Parked, since: Instant) -> Option<Parked> {
+    let Parked {
+        mut half,
+        writer,
+        peer,
+        canceller,
+        probe,
+        ..
+    } = parked;
+    let idle_ms = ctx.snapshot().config.limits.idle_timeout_ms;
+    let idled_ms = clock::since(since).as_millis() as u64;
+    let deadline = clock::now_ms() + idle_ms.saturating_sub(idled_ms);
+    let handle = canceller.handle();
+    let key = (ctx.parked.borrow_mut().deadlines).insert((deadline, Some(canceller)));
+    let place = Place { ctx, key };
+    let (res, probe) = half.cancelable_read(probe, handle).await;
+    let canceller = place.leave()?;
+    match res {
+        Ok(probed) if probed > 0 => Some(Parked {
+            half,
+            writer,
+            peer,
+            canceller,
+            probe,
+            probed,
+        }),
+        _ => None,
+    }
+}
