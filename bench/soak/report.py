@@ -286,7 +286,9 @@ def report(args):
         sys.exit("no samples")
     traffic = json.load(open(args.traffic)) if args.traffic and os.path.exists(args.traffic) else None
     wrk = parse_wrk(args.wrk, args.wrk_rate) if args.wrk else None
-    warm, end = args.warmup, args.traffic_end
+    # The flatness window and the table's "end" stop one interval before the arrivals end:
+    # the sample nearest to the end may already see the traffic wind down.
+    warm, end = args.warmup, args.traffic_end - args.interval
     lines = [open(args.header).read().rstrip(), ""]
     lines += ["## Flatness", ""] + flat_lines(rows, warm, end) + [""]
     lines += ["## Samples", "",
@@ -305,7 +307,7 @@ def report(args):
         lines += ["## Health", "", open(args.health).read().rstrip(), ""]
     with open(args.out_md, "w") as f:
         f.write("\n".join(lines) + "\n")
-    plot(rows, args.traffic_start, end, warm, args.out_png)
+    plot(rows, args.traffic_start, args.traffic_end, warm, args.out_png)
 
 
 def main():
@@ -327,7 +329,8 @@ def main():
     r.add_argument("--interval", type=float, default=5.0)
     r.add_argument("--warmup", type=float, required=True)
     r.add_argument("--traffic-start", type=float, required=True, help="seconds from the first sample")
-    r.add_argument("--traffic-end", type=float, required=True, help="seconds from the first sample")
+    r.add_argument("--traffic-end", type=float, required=True,
+                   help="seconds from the first sample to the end of the arrivals")
     r.add_argument("--out-md", required=True)
     r.add_argument("--out-png", required=True)
     args = p.parse_args()

@@ -183,7 +183,7 @@ while kill -0 "$PID_TRAFFIC" 2>/dev/null; do
 done
 wait "$PID_TRAFFIC" 2>/dev/null || log "traffic generator exited with an error: $(tail -3 "$T/traffic.log")"
 [[ -n $PID_WRK ]] && { wait "$PID_WRK" 2>/dev/null || true; cp "$T/wrk2.log" "$OUT/wrk2.txt"; }
-TRAFFIC_END=$((SECONDS - TRAFFIC_START + INTERVAL))
+TRAFFIC_END=$((INTERVAL + DURATION)) # the arrivals end, in the sampler's seconds
 log "traffic done; cool-down ${COOLDOWN}s"
 sleep "$COOLDOWN"
 stop_pid "$PID_SAMPLER"
