@@ -71,9 +71,10 @@ struct Place<'a> {
 impl Place<'_> {
     /// The canceller back, unless the sweep used it (the connection idled out).
     fn leave(self) -> Option<Canceller> {
-        let (_, canceller) = self.ctx.parked.borrow_mut().deadlines.remove(self.key);
+        let left = self.ctx.parked.borrow_mut().deadlines.try_remove(self.key);
+        // Already removed: nothing left for `Drop` to do.
         std::mem::forget(self);
-        canceller
+        left.and_then(|(_, canceller)| canceller)
     }
 }
 
@@ -101,13 +102,14 @@ pub(super) async fn park(ctx: &CoreCtx, parked: Parked, since: Instant) -> Optio
     let key = (ctx.parked.borrow_mut().deadlines).insert((deadline, Some(canceller)));
     let place = Place { ctx, key };
     let (res, probe) = half.cancelable_read(probe, handle).await;
-    let canceller = place.leave()?;
+    // A request that beat the sweep's cancel is served (with a fresh canceller).
+    let canceller = place.leave();
     match res {
         Ok(probed) if probed > 0 => Some(Parked {
             half,
             writer,
             peer,
-            canceller,
+            canceller: canceller.unwrap_or_default(),
             probe,
             probed,
         }),
