@@ -51,7 +51,12 @@ impl Conn {
                 Ok(Ok(0)) | Ok(Err(_)) => return HeadRead::Closed,
                 Ok(Ok(_)) => {}
                 Err(_) if started.is_some() => return HeadRead::Bad(HttpError::HeaderTimeout),
-                Err(_) if release < idle => return HeadRead::Idle(clock::now() - release),
+                Err(_) if release < idle => {
+                    // The wait began `release` ago (a release of days from config must not
+                    // reach past the clock's origin).
+                    let now = clock::now();
+                    return HeadRead::Idle(now.checked_sub(release).unwrap_or(now));
+                }
                 Err(_) => return HeadRead::Closed,
             }
         }

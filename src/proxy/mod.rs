@@ -6,8 +6,11 @@
 //! → `forward` (pick, attempt, migrate) → `pick` → `attempt`: `admit` → `connect` (reuse
 //! or connect, send) → `response` (read the worker's head) → `relay` (stream it back).
 //!
+//! Between bursts of requests an idle connection waits in `park`, without buffers.
+//!
 //! Around them: `core` (the core's own state), `watch` (waiting while the client is
-//! watched), `pool` (keep-alive pools), `guards` (what gives capacity back on drop),
+//! watched), `pool` (keep-alive pools, the once-a-second sweep), `guards` (what gives
+//! capacity back on drop),
 //! `error` (the errors of the client and upstream boundaries, and their answers).
 
 mod accept;

@@ -97,7 +97,7 @@ pub(super) async fn park(ctx: &CoreCtx, parked: Parked, since: Instant) -> Optio
     } = parked;
     let idle_ms = ctx.snapshot().config.limits.idle_timeout_ms;
     let idled_ms = clock::since(since).as_millis() as u64;
-    let deadline = clock::now_ms() + idle_ms.saturating_sub(idled_ms);
+    let deadline = clock::now_ms().saturating_add(idle_ms.saturating_sub(idled_ms));
     let handle = canceller.handle();
     let key = (ctx.parked.borrow_mut().deadlines).insert((deadline, Some(canceller)));
     let place = Place { ctx, key };
