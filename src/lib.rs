@@ -8,9 +8,10 @@
 //! 3. [`state`]: what the threads share (snapshot, busy set, per-worker atomics, counters);
 //! 4. [`runtime`]: runtimes, CPU placement, listeners, the clock, the client read slot,
 //!    name resolution;
-//! 5. what runs on it: [`monitor`] (load, busy publication, reload), [`metrics`]
+//! 5. [`fleet`]: clients of the fleet's servers (DNS, etcd, NATS) for the control thread;
+//! 6. what runs on it: [`monitor`] (load, busy publication, reload), [`metrics`]
 //!    (exposition), [`admin`] (control API), [`proxy`] (the data path);
-//! 6. [`server`]: the wiring that starts it all.
+//! 7. [`server`]: the wiring that starts it all.
 
 #![forbid(unsafe_code)]
 
@@ -24,6 +25,8 @@ pub mod config;
 pub mod state;
 
 pub mod runtime;
+
+pub mod fleet;
 
 pub mod admin;
 pub mod metrics;

@@ -17,7 +17,8 @@ const ORDER: &[&str] = &[
     "route",   // the file and its validation
     "config",  // shared state
     "state",   // threads, rings, listeners, clock
-    "runtime", // what runs on the runtime
+    "runtime", // clients of DNS, etcd, NATS
+    "fleet",   // what runs on the runtime
     "monitor",
     "metrics",
     "admin",
