@@ -27,8 +27,39 @@ pub struct FileConfig {
     pub admin_token: Option<Spanned<String>>,
     #[serde(default)]
     pub classes: FileClasses,
+    pub nats: Option<FileNats>,
     #[serde(default)]
     pub models: Vec<FileModel>,
+}
+
+/// `[nats]`: load events over NATS, received and/or published.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileNats {
+    pub url: Spanned<String>,
+    pub subscribe: Option<Spanned<String>>,
+    pub publish: Option<Spanned<String>>,
+    pub publish_interval_ms: Option<Spanned<u64>>,
+    pub publish_as: Option<Spanned<String>>,
+}
+
+/// `[models.dns]`: the model's workers are the addresses a name resolves to.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileDns {
+    pub name: Spanned<String>,
+    pub port: Option<Spanned<u16>>,
+    pub srv: Option<Spanned<bool>>,
+    pub server: Option<Spanned<String>>,
+    pub interval_ms: Option<Spanned<u64>>,
+}
+
+/// `[models.etcd]`: the model's workers are the keys under a prefix.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileEtcd {
+    pub endpoints: Spanned<Vec<String>>,
+    pub prefix: Spanned<String>,
 }
 
 /// `[classes]`: where a request's class comes from, and what each class may use.
@@ -94,12 +125,17 @@ pub struct FileModel {
     pub adaptive_max_scale: Option<Spanned<f64>>,
     #[serde(default)]
     pub workers: Vec<FileWorker>,
+    pub dns: Option<FileDns>,
+    pub etcd: Option<FileEtcd>,
+    /// Settings of the workers a source finds (the keys of a listed worker but `url`,
+    /// `name` and `metrics_url`).
+    pub discovered: Option<FileWorker>,
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FileWorker {
-    pub url: Spanned<String>,
+    pub url: Option<Spanned<String>>,
     pub name: Option<Spanned<String>>,
     pub load_sources: Option<Spanned<Vec<String>>>,
     pub metrics_format: Option<Spanned<String>>,

@@ -5,6 +5,7 @@
 
 pub mod addr;
 mod classes;
+mod discovery;
 pub mod file;
 mod kv;
 mod validate;
@@ -19,6 +20,9 @@ use crate::route::{KvSettings, RouterMode};
 use crate::shed::{Adaptive, Class, Thresholds};
 pub use addr::{Addrs, HostPort, WorkerAddrs, parse_http_url};
 pub use classes::{ClassSettings, Classes, DEFAULT_CLASS_HEADER};
+pub use discovery::{
+    Capacity, DEFAULT_DNS_INTERVAL_MS, Discovery, DiscoverySource, Found, NatsConfig,
+};
 use file::FileConfig;
 pub use kv::{KV_EVENTS, KvOverrides, MAX_KV_BLOCK_SIZE, check_overrides as check_kv_overrides};
 
@@ -131,6 +135,8 @@ pub struct Config {
     pub admin_token: Option<String>,
     pub limits: Limits,
     pub classes: Classes,
+    /// Load events over NATS (`[nats]`).
+    pub nats: Option<NatsConfig>,
     pub models: Vec<ModelConfig>,
     /// Every distinct worker, by name; models refer to them by index.
     pub workers: Vec<WorkerConfig>,
@@ -148,8 +154,10 @@ pub struct ModelConfig {
     pub class: Option<Class>,
     /// The adaptive mode: thresholds scaled per worker to hold a TTFT target.
     pub adaptive: Option<Adaptive>,
-    /// Indices into [`Config::workers`].
+    /// Indices into [`Config::workers`]: the listed workers, then any found.
     pub workers: Vec<usize>,
+    /// Where more workers are found at run time (`[models.dns]`, `[models.etcd]`).
+    pub discovery: Option<Discovery>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

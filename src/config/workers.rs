@@ -8,7 +8,7 @@ use crate::http::limits::MAX_DP_SIZE;
 use toml::Spanned;
 
 /// Builds a worker key's path for error messages (`models[0].workers[1].url`).
-type Key<'a> = &'a dyn Fn(&str) -> String;
+pub(super) type Key<'a> = &'a dyn Fn(&str) -> String;
 
 impl Validator<'_> {
     /// The adaptive mode's keys: a positive target enables it; it scales thresholds, so
@@ -110,11 +110,14 @@ impl Validator<'_> {
         };
         let thresholds = self.thresholds(&key, m, o)?;
         let kv = self.kv(&key, m, &o.kv)?;
-        if m.workers.is_empty() {
+        let discovery = self.discovery(&key, m, o)?;
+        if m.workers.is_empty() && discovery.is_none() {
             return self.err(
                 key("workers"),
                 Some(m.name.span()),
-                format!("model `{name}` has no workers"),
+                format!(
+                    "model `{name}` has no workers (list some, or find them with `dns` or `etcd`)"
+                ),
             );
         }
         let mut members = Vec::with_capacity(m.workers.len());
@@ -126,7 +129,7 @@ impl Validator<'_> {
                     "worker `{}` is listed twice for model `{name}`",
                     workers[idx].name
                 );
-                return self.err(wkey("url"), Some(w.url.span()), msg);
+                return self.err(wkey("url"), w.url.as_ref().map(|u| u.span()), msg);
             }
             members.push(idx);
         }
@@ -145,6 +148,7 @@ impl Validator<'_> {
             },
             adaptive: self.adaptive(&key, m, &thresholds)?,
             workers: members,
+            discovery,
         })
     }
 
@@ -198,7 +202,7 @@ impl Validator<'_> {
                     "worker name `{}` is already used by a different worker definition",
                     worker.name
                 );
-                self.err(key("name"), Some(w.url.span()), msg)
+                self.err(key("name"), w.url.as_ref().map(|u| u.span()), msg)
             }
             Some(i) => Ok(i),
             None => {
@@ -214,8 +218,22 @@ impl Validator<'_> {
         o: &Overrides,
         key: Key<'_>,
     ) -> Result<WorkerConfig, ConfigError> {
-        let endpoint = parse_http_url(w.url.get_ref())
-            .or_else(|msg| self.err(key("url"), Some(w.url.span()), msg))?;
+        let Some(url) = &w.url else {
+            return self.err(key("url"), None, "missing: a listed worker needs its `url`");
+        };
+        let endpoint = parse_http_url(url.get_ref())
+            .or_else(|msg| self.err(key("url"), Some(url.span()), msg))?;
+        self.worker_at(w, endpoint, o, key)
+    }
+
+    /// A worker's settings with its endpoint known (listed, or a discovered template's).
+    pub(super) fn worker_at(
+        &self,
+        w: &FileWorker,
+        endpoint: HostPort,
+        o: &Overrides,
+        key: Key<'_>,
+    ) -> Result<WorkerConfig, ConfigError> {
         let name = match &w.name {
             Some(n) if n.get_ref().trim().is_empty() => {
                 return self.err(key("name"), Some(n.span()), "must not be empty");

@@ -4,6 +4,7 @@
 //! `spillway_`. Nothing here runs on a core.
 
 mod families;
+mod fleet;
 mod kv;
 mod process;
 
@@ -31,6 +32,7 @@ pub fn render(control: &Control) -> Vec<u8> {
     admission(&mut f, &snap);
     kv::families(&mut f, &snap, clock::now_ms());
     process::families(&mut f, control, &snap, clock::now_ms());
+    fleet::families(&mut f, control);
     f.encode()
 }
 

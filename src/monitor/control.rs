@@ -9,6 +9,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use super::Monitor;
+use super::fleet::Fleet;
 use crate::config::{Addrs, Config, ConfigError, ConfigSource, Overrides};
 use crate::runtime::clock;
 use crate::runtime::resolve::{ResolveError, resolve};
@@ -20,6 +21,10 @@ pub struct Control {
     pub shared: Arc<Shared>,
     pub registry: Registry,
     pub source: ConfigSource,
+    /// The file's configuration and its addresses, before found workers are added.
+    pub base: (Config, Addrs),
+    /// The worker sources and what they found.
+    pub fleet: Fleet,
     pub monitor: Monitor,
     pub reloads_ok: u64,
     pub reloads_failed: u64,
@@ -123,6 +128,29 @@ fn diff(a: &HashSet<String>, b: &HashSet<String>) -> Vec<String> {
 }
 
 impl Control {
+    /// The control thread's state for a server started with `base` (the file's
+    /// configuration, which the first generation was built from).
+    pub fn new(
+        shared: Arc<Shared>,
+        registry: Registry,
+        source: ConfigSource,
+        base: (Config, Addrs),
+    ) -> Control {
+        let monitor = Monitor::new(&shared.snapshot.load());
+        let mut fleet = Fleet::default();
+        fleet.sync(&base.0);
+        Control {
+            shared,
+            registry,
+            source,
+            base,
+            fleet,
+            monitor,
+            reloads_ok: 0,
+            reloads_failed: 0,
+        }
+    }
+
     /// Re-evaluates and publishes now (after a push, a threshold change, a scrape).
     pub fn republish(&mut self) -> bool {
         let snap = self.shared.snapshot.load_full();
@@ -133,14 +161,19 @@ impl Control {
     }
 
     /// Commits a loaded configuration: refuses changes that need a restart, builds the
-    /// next snapshot (unchanged workers keep pools, load, busy state and slots), switches
-    /// every core to it with one store and republishes. Requests in flight finish on the
-    /// snapshot they started with. On error nothing changes.
+    /// next snapshot (unchanged workers keep pools, load, busy state and slots; workers
+    /// found by a source that did not change stay), switches every core to it with one
+    /// store and republishes. Requests in flight finish on the snapshot they started
+    /// with. On error nothing changes.
     pub fn commit(&mut self, next: Config, addrs: &Addrs) -> Result<u64, ReloadError> {
         let old = self.shared.snapshot.load_full();
         if let Some(key) = immutable_change(&next, &old.config) {
             return Err(ReloadError::Immutable(key));
         }
+        self.fleet.sync(&next);
+        self.base = (next, addrs.clone());
+        let (next, addrs) = self.effective();
+        let addrs = &addrs;
         let ((old_models, old_workers), (new_models, new_workers)) =
             (names(&old.config), names(&next));
         let snap = Arc::new(self.registry.build(next, addrs));

@@ -292,6 +292,21 @@ impl LoadTable {
         Ok(events.len())
     }
 
+    /// Applies the events for workers `snap` has and skips the others (one subject
+    /// carries a whole fleet's load): (applied, skipped). An invalid event for a known
+    /// worker refuses the whole batch, as `push` does.
+    pub fn push_known(
+        &mut self,
+        snap: &Snapshot,
+        mut events: Vec<LoadEvent>,
+        now: u64,
+    ) -> Result<(usize, usize), PushError> {
+        let before = events.len();
+        events.retain(|e| e.worker_id.with_name(|n| snap.worker_named(n)).is_some());
+        let applied = self.push(snap, &events, now)?;
+        Ok((applied, before - applied))
+    }
+
     /// Drops state of workers no longer configured.
     pub fn retain(&mut self, snap: &Snapshot) {
         self.workers

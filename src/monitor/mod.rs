@@ -5,6 +5,9 @@
 
 mod adaptive;
 mod control;
+mod discover;
+mod fanout;
+mod fleet;
 pub mod load;
 mod report;
 pub mod scrape;
@@ -16,6 +19,8 @@ use std::sync::atomic::Ordering::Relaxed;
 
 pub use adaptive::Adaptivity;
 pub use control::{Command, Control, ReloadError, reload};
+pub use discover::supervise;
+pub use fleet::{BUILD_INTERVAL_MS, Fleet, SourceState};
 use load::{Latches, LoadTable, Timed};
 pub use report::{RankReport, WorkerReport};
 

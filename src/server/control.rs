@@ -12,8 +12,8 @@ use std::thread::JoinHandle;
 
 use monoio::io::AsyncReadRent;
 
-use crate::config::ConfigSource;
-use crate::monitor::{Command, Control, Monitor, reload, tasks};
+use crate::config::{Addrs, ConfigSource};
+use crate::monitor::{Command, Control, reload, supervise, tasks};
 use crate::runtime::listen::{accept_until_stopped, stop_channel};
 use crate::runtime::{self};
 use crate::state::{Registry, Shared};
@@ -23,6 +23,8 @@ pub(super) struct Parts {
     pub shared: Arc<Shared>,
     pub registry: Registry,
     pub source: ConfigSource,
+    /// The addresses the first generation was built with.
+    pub addrs: Addrs,
     pub admin: StdListener,
     pub commands: StdUnixStream,
 }
@@ -53,21 +55,16 @@ async fn serve(parts: Parts) {
         shared,
         registry,
         source,
+        addrs,
         admin,
         commands,
     } = parts;
-    let monitor = Monitor::new(&shared.snapshot.load());
-    let control = Rc::new(RefCell::new(Control {
-        shared,
-        registry,
-        source,
-        monitor,
-        reloads_ok: 0,
-        reloads_failed: 0,
-    }));
+    let base = (shared.snapshot.load().config.clone(), addrs);
+    let control = Rc::new(RefCell::new(Control::new(shared, registry, source, base)));
     control.borrow_mut().republish();
     monoio::spawn(tasks::tick(control.clone()));
     monoio::spawn(tasks::scrape_loop(control.clone()));
+    monoio::spawn(supervise(control.clone()));
     let listener = match monoio::net::TcpListener::from_std(admin) {
         Ok(l) => l,
         Err(e) => return tracing::error!(error = %e, "cannot adopt the admin listener"),

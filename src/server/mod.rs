@@ -65,6 +65,7 @@ pub fn start(config: Config, source: ConfigSource) -> io::Result<ServerHandle> {
         shared: shared.clone(),
         registry,
         source,
+        addrs,
         admin,
         commands,
     };

@@ -33,5 +33,6 @@ pub use proxy::{
 pub use rng::{Rng, seed};
 pub use upstream::{
     Held, Reply, SSE_HEAD, Seen, Step, Upstream, chunk, echo_upstream, json_response, upstream,
+    upstream_at,
 };
 pub use wait::eventually;

@@ -121,7 +121,12 @@ impl Drop for Upstream {
 
 /// Starts a fake worker answering every request with `handler`.
 pub fn upstream(handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static) -> Upstream {
-    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    upstream_at("127.0.0.1", handler)
+}
+
+/// [`upstream`] on another loopback address (`127.0.0.2`, ...), as a second node's.
+pub fn upstream_at(ip: &str, handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static) -> Upstream {
+    let listener = TcpListener::bind((ip, 0)).unwrap();
     let addr = listener.local_addr().unwrap();
     let state = Arc::new(UpstreamState::default());
     let stop = Arc::new(AtomicBool::new(false));

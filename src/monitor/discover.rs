@@ -1,0 +1,270 @@
+//! The worker sources' tasks on the control thread: `dns` re-resolves a name every
+//! interval; `etcd` reads a prefix, then watches it from the next revision (reading it
+//! again after any error). Each reports to [`super::fleet::Fleet`] and stops when its
+//! model's source changes (its epoch is no longer current).
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::rc::Rc;
+use std::time::Duration;
+
+use super::Control;
+use crate::config::{DiscoverySource, Found, HostPort};
+use crate::fleet::{dns, etcd};
+use crate::runtime::clock;
+use crate::runtime::resolve::lookup;
+
+/// A DNS lookup's time limit (with its one retry).
+const DNS_TIMEOUT: Duration = Duration::from_secs(2);
+/// An etcd request's time limit (the range, the watch's creation).
+const ETCD_TIMEOUT: Duration = Duration::from_secs(5);
+/// Wait after a failed etcd session, doubled up to the maximum.
+const ETCD_BACKOFF: Duration = Duration::from_millis(500);
+const ETCD_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// How often a task blocked on a watch checks whether it is still current.
+const STALE_CHECK: Duration = Duration::from_millis(500);
+
+type Shared = Rc<RefCell<Control>>;
+type Members = Vec<(Found, SocketAddr)>;
+
+/// Starts the tasks of sources (and of NATS) that have none, and folds found workers in;
+/// runs for the life of the control thread.
+pub async fn supervise(control: Shared) {
+    loop {
+        super::fanout::start(&control);
+        let starts = control.borrow_mut().fleet.to_start();
+        for (model, spec, epoch) in starts {
+            match spec {
+                DiscoverySource::Dns {
+                    name,
+                    port,
+                    server,
+                    interval_ms,
+                } => {
+                    let interval = Duration::from_millis(interval_ms);
+                    let task =
+                        dns_source(control.clone(), model, epoch, name, port, server, interval);
+                    monoio::spawn(task);
+                }
+                DiscoverySource::Etcd { endpoints, prefix } => {
+                    monoio::spawn(etcd_source(
+                        control.clone(),
+                        model,
+                        epoch,
+                        endpoints,
+                        prefix,
+                    ));
+                }
+            }
+        }
+        control.borrow_mut().build_found(clock::now_ms());
+        monoio::time::sleep(Duration::from_millis(super::fleet::BUILD_INTERVAL_MS / 2)).await;
+    }
+}
+
+fn current(control: &Shared, model: &str, epoch: u64) -> bool {
+    control.borrow().fleet.current(model, epoch)
+}
+
+fn report(control: &Shared, model: &str, epoch: u64, result: Result<Members, String>) -> bool {
+    control.borrow_mut().fleet.update(model, epoch, result)
+}
+
+/// Resolves off the loop unless the host is an IP literal.
+async fn resolve(hp: &HostPort) -> Result<SocketAddr, String> {
+    if let Some(a) = hp.literal() {
+        return Ok(a);
+    }
+    let hp = hp.clone();
+    match monoio::spawn_blocking(move || lookup(&hp)).await {
+        Ok(r) => r.map_err(|e| e.to_string()),
+        Err(_) => Err("name resolution was cancelled".into()),
+    }
+}
+
+async fn dns_source(
+    control: Shared,
+    model: String,
+    epoch: u64,
+    name: String,
+    port: Option<u16>,
+    server: Option<HostPort>,
+    interval: Duration,
+) {
+    while current(&control, &model, epoch) {
+        let result = dns_members(&name, port, server.as_ref()).await;
+        if !report(&control, &model, epoch, result) {
+            return;
+        }
+        monoio::time::sleep(interval).await;
+    }
+}
+
+/// One resolution: A/AAAA with the configured port, or SRV (named `target:port`).
+async fn dns_members(
+    name: &str,
+    port: Option<u16>,
+    server: Option<&HostPort>,
+) -> Result<Members, String> {
+    let server = match server.and_then(HostPort::literal) {
+        Some(s) => s,
+        None => match monoio::spawn_blocking(dns::system_server).await {
+            Ok(r) => r.map_err(|e| e.to_string())?,
+            Err(_) => return Err("reading /etc/resolv.conf was cancelled".into()),
+        },
+    };
+    let endpoint = |a: SocketAddr| HostPort {
+        host: a.ip().to_string(),
+        port: a.port(),
+    };
+    match port {
+        Some(port) => {
+            let addrs = dns::lookup_addrs(server, name, port, DNS_TIMEOUT)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(addrs
+                .into_iter()
+                .map(|a| (Found::at(endpoint(a)), a))
+                .collect())
+        }
+        None => {
+            let targets = dns::lookup_srv(server, name, DNS_TIMEOUT)
+                .await
+                .map_err(|e| e.to_string())?;
+            Ok(targets
+                .into_iter()
+                .map(|t| {
+                    let mut f = Found::at(endpoint(t.addr));
+                    f.name = format!("{}:{}", t.host, t.addr.port());
+                    (f, t.addr)
+                })
+                .collect())
+        }
+    }
+}
+
+async fn etcd_source(
+    control: Shared,
+    model: String,
+    epoch: u64,
+    endpoints: Vec<HostPort>,
+    prefix: String,
+) {
+    let mut backoff = ETCD_BACKOFF;
+    for n in 0usize.. {
+        if !current(&control, &model, epoch) {
+            return;
+        }
+        let endpoint = &endpoints[n % endpoints.len()];
+        let session = match resolve(endpoint).await {
+            Ok(addr) => {
+                etcd_session(
+                    &control,
+                    &model,
+                    epoch,
+                    addr,
+                    endpoint,
+                    &prefix,
+                    &mut backoff,
+                )
+                .await
+            }
+            Err(e) => Err(e),
+        };
+        match session {
+            Ok(()) => return,
+            Err(e) => {
+                let e = format!("{endpoint}: {e}");
+                if !report(&control, &model, epoch, Err(e)) {
+                    return;
+                }
+            }
+        }
+        monoio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(ETCD_BACKOFF_MAX);
+    }
+}
+
+/// Reads the prefix, then applies its watch until an error (returned) or until the task
+/// is no longer current (`Ok`).
+async fn etcd_session(
+    control: &Shared,
+    model: &str,
+    epoch: u64,
+    addr: SocketAddr,
+    endpoint: &HostPort,
+    prefix: &str,
+    backoff: &mut Duration,
+) -> Result<(), String> {
+    let host = endpoint.to_string();
+    let (revision, kvs) = etcd::range_prefix(addr, &host, prefix, ETCD_TIMEOUT)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut members: BTreeMap<String, (Found, SocketAddr)> = BTreeMap::new();
+    for kv in kvs {
+        put(&mut members, prefix, &kv).await;
+    }
+    if !report(
+        control,
+        model,
+        epoch,
+        Ok(members.values().cloned().collect()),
+    ) {
+        return Ok(());
+    }
+    let mut watch = etcd::Watch::start(addr, &host, prefix, revision + 1, ETCD_TIMEOUT)
+        .await
+        .map_err(|e| e.to_string())?;
+    *backoff = ETCD_BACKOFF;
+    loop {
+        let events = monoio::select! {
+            r = watch.next() => r.map_err(|e| e.to_string())?,
+            _ = stale(control, model, epoch) => return Ok(()),
+        };
+        for event in events {
+            match event {
+                etcd::Event::Put(kv) => put(&mut members, prefix, &kv).await,
+                etcd::Event::Delete { key, .. } => {
+                    members.remove(&key);
+                }
+            }
+        }
+        if !report(
+            control,
+            model,
+            epoch,
+            Ok(members.values().cloned().collect()),
+        ) {
+            return Ok(());
+        }
+    }
+}
+
+/// A key's value as a member; a value that cannot be read is logged and leaves the key
+/// out (its worker gets no requests until the value is fixed).
+async fn put(members: &mut BTreeMap<String, (Found, SocketAddr)>, prefix: &str, kv: &etcd::Kv) {
+    let found = match Found::from_etcd(&kv.key, prefix, &kv.value) {
+        Ok(f) => f,
+        Err(e) => {
+            members.remove(&kv.key);
+            return tracing::warn!(error = %e, "etcd worker entry ignored");
+        }
+    };
+    match resolve(&found.endpoint).await {
+        Ok(addr) => {
+            members.insert(kv.key.clone(), (found, addr));
+        }
+        Err(e) => {
+            members.remove(&kv.key);
+            tracing::warn!(key = %kv.key, error = %e, "etcd worker entry ignored: its address does not resolve");
+        }
+    }
+}
+
+/// Resolves once the task's model source has changed.
+async fn stale(control: &Shared, model: &str, epoch: u64) {
+    while current(control, model, epoch) {
+        monoio::time::sleep(STALE_CHECK).await;
+    }
+}
