@@ -1,7 +1,7 @@
 //! Load state per worker and rank, from every source (semantics §2), and the evaluation
 //! of the busy set. Pure: no I/O, `now` is an argument; the monitor thread drives it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use serde::Deserialize;
 
@@ -9,7 +9,7 @@ use super::adaptive::Adaptivity;
 use crate::config::WorkerConfig;
 use crate::http::limits::MAX_DP_SIZE;
 use crate::shed::{Class, RankLoad, Thresholds, Why, rank_why};
-use crate::state::{BusySet, Snapshot};
+use crate::state::{BusySet, Member, Snapshot};
 
 /// A value and when it was observed (monotonic ms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -332,6 +332,14 @@ impl Latches {
     }
 }
 
+/// What the busy rule reads besides the load table: thresholds per model, the adaptive
+/// mode's factors, the decode latches.
+pub struct Rule<'a> {
+    pub thresholds: &'a HashMap<String, Thresholds>,
+    pub adaptivity: &'a Adaptivity,
+    pub latches: &'a mut Latches,
+}
+
 /// Evaluates every model's members into `out` (cleared first; reuses its storage), for
 /// each request class with the model's thresholds scaled as that class sees them (and as
 /// the adaptive mode sets them for the member).
@@ -344,8 +352,47 @@ pub fn evaluate(
     now: u64,
     out: &mut BusySet,
 ) {
-    let staleness = snap.config.load_staleness_ms;
     out.clear();
+    let rule = Rule {
+        thresholds,
+        adaptivity,
+        latches,
+    };
+    evaluate_where(snap, table, rule, now, out, |_| true);
+}
+
+/// Evaluates again only the members of the workers in `slots`, in a set that holds the
+/// last evaluation (new load from a few workers, published without waiting for the next
+/// full pass). Returns whether any of their entries changed.
+pub fn evaluate_slots(
+    snap: &Snapshot,
+    table: &LoadTable,
+    rule: Rule<'_>,
+    now: u64,
+    out: &mut BusySet,
+    slots: &HashSet<u32>,
+) -> bool {
+    evaluate_where(snap, table, rule, now, out, |member| {
+        slots.contains(&snap.workers[member.worker as usize].state.slot)
+    })
+}
+
+/// Evaluates the members `pick` selects (each one's entry replaced). Returns whether
+/// any entry changed.
+fn evaluate_where(
+    snap: &Snapshot,
+    table: &LoadTable,
+    rule: Rule<'_>,
+    now: u64,
+    out: &mut BusySet,
+    pick: impl Fn(&Member) -> bool,
+) -> bool {
+    let mut changed = false;
+    let Rule {
+        thresholds,
+        adaptivity,
+        latches,
+    } = rule;
     let empty = WorkerLoad::default();
     let classes = &snap.config.classes;
     for model in snap.models.iter() {
@@ -353,13 +400,14 @@ pub fn evaluate(
         if t.any() {
             out.set_enabled(model.id);
         }
-        for member in model.members.iter() {
+        for member in model.members.iter().filter(|m| pick(m)) {
             let scale = adaptivity.scale(member.id);
             let by_class =
                 Class::ALL.map(|c| t.scaled(classes.get(c).busy_threshold_scale * scale));
             let w = &snap.workers[member.worker as usize];
             let load = table.workers.get(&w.state.slot).unwrap_or(&empty);
             let ranks = load.dp_size(&w.cfg);
+            let staleness = snap.config.load_staleness_ms;
             let mut permille = 0u16;
             // Busy when every rank is: the least busy rank says why.
             let mut why: [Option<Why>; 3] = [None; 3];
@@ -378,12 +426,16 @@ pub fn evaluate(
                     }
                 }
             }
+            let before = out.member(member.id);
+            out.clear_member(member.id);
             for c in Class::ALL.into_iter().filter(|c| busy[c.index()]) {
                 out.set_busy(c, member.id, why[c.index()]);
             }
             out.set_load(member.id, permille);
+            changed |= out.member(member.id) != before;
         }
     }
+    changed
 }
 
 /// The fullest known signal of a rank, in permille of its capacity (for least-loaded).

@@ -13,7 +13,7 @@ mod report;
 pub mod scrape;
 pub mod tasks;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -129,6 +129,34 @@ impl Monitor {
         if self.scratch == *self.published {
             return false;
         }
+        self.store(shared);
+        true
+    }
+
+    /// Evaluates again only the workers in `slots` (their load just arrived) and, when
+    /// their entries changed, publishes at once. Between full passes the set keeps the
+    /// last full evaluation for everyone else. Returns whether it published.
+    pub fn publish_slots(
+        &mut self,
+        shared: &Shared,
+        snap: &Snapshot,
+        now: u64,
+        slots: &HashSet<u32>,
+    ) -> bool {
+        let rule = load::Rule {
+            thresholds: &self.thresholds,
+            adaptivity: &self.adaptivity,
+            latches: &mut self.latches,
+        };
+        if !load::evaluate_slots(snap, &self.table, rule, now, &mut self.scratch, slots) {
+            return false;
+        }
+        self.store(shared);
+        true
+    }
+
+    /// Publishes `scratch` as the next generation to every core's replica.
+    fn store(&mut self, shared: &Shared) {
         let mut next = self.scratch.clone();
         next.generation = self.published.generation + 1;
         let next = Arc::new(next);
@@ -137,7 +165,6 @@ impl Monitor {
         }
         self.published = next;
         self.publishes += 1;
-        true
     }
 
     /// Stores in each worker's shared state, where `kv` routing reads it, the load its

@@ -99,6 +99,31 @@ impl BusySet {
         self.load[i] = permille;
     }
 
+    /// A member's whole entry: busy and why per class, and its load.
+    pub fn member(&self, member_id: u32) -> ([Option<Option<Why>>; 3], u16) {
+        let busy = Class::ALL.map(|c| {
+            self.is_busy(c, member_id)
+                .then(|| self.why(c, member_id))
+        });
+        (busy, self.load(member_id))
+    }
+
+    /// Clears a member's entry (not busy for any class, load 0).
+    pub fn clear_member(&mut self, member_id: u32) {
+        let (w, mask) = ((member_id / 64) as usize, !(1u64 << (member_id % 64)));
+        for c in 0..3 {
+            if let Some(word) = self.busy[c].get_mut(w) {
+                *word &= mask;
+            }
+            if let Some(why) = self.why[c].get_mut(member_id as usize) {
+                *why = None;
+            }
+        }
+        if let Some(l) = self.load.get_mut(member_id as usize) {
+            *l = 0;
+        }
+    }
+
     /// Empties the set, keeping its storage.
     pub fn clear(&mut self) {
         self.enabled.iter_mut().for_each(|w| *w = 0);
