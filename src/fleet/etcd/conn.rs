@@ -28,6 +28,9 @@ pub struct Conn {
     read_buf: Vec<u8>,
     /// The peer closed its side.
     pub eof: bool,
+    /// A read was started and its future dropped: bytes may be lost (io_uring may have
+    /// completed it), so the stream can no longer be trusted.
+    interrupted: bool,
 }
 
 impl std::fmt::Debug for Conn {
@@ -36,6 +39,7 @@ impl std::fmt::Debug for Conn {
             .field("addr", &self.addr)
             .field("buffered", &self.raw.len())
             .field("eof", &self.eof)
+            .field("interrupted", &self.interrupted)
             .finish()
     }
 }
@@ -69,17 +73,28 @@ impl Conn {
             raw: Vec::new(),
             read_buf: Vec::with_capacity(READ_SIZE),
             eof: false,
+            interrupted: false,
         };
         let (res, _) = conn.stream.write_all(request).await;
         res.map_err(|e| io(addr, "write", e))?;
         Ok(conn)
     }
 
-    /// Reads once more; sets `eof` when the peer has closed.
+    /// Reads once more; sets `eof` when the peer has closed. Not cancel-safe: once a
+    /// read's future is dropped, every later call is an error.
     pub async fn fill(&mut self) -> Result<(), EtcdError> {
+        if self.interrupted {
+            return Err(EtcdError::Io {
+                addr: self.addr,
+                reason: "an earlier read was cancelled; the stream is lost".into(),
+            });
+        }
         let mut buf = std::mem::take(&mut self.read_buf);
         buf.clear();
+        buf.reserve(READ_SIZE);
+        self.interrupted = true;
         let (res, buf) = self.stream.read(buf).await;
+        self.interrupted = false;
         let n = res.map_err(|e| io(self.addr, "read", e))?;
         self.raw.extend_from_slice(&buf[..n.min(buf.len())]);
         self.read_buf = buf;

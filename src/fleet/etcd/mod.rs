@@ -153,6 +153,8 @@ impl Watch {
 
     /// The next batch of events (never empty; progress notifications are skipped). An
     /// error ends the watch: etcd closed or canceled it, or sent something unreadable.
+    /// Not cancel-safe: once a `next()` is dropped while it waits (a timeout, a
+    /// `select!`), bytes may be lost and every later call is an error; start a new watch.
     pub async fn next(&mut self) -> Result<Vec<Event>, EtcdError> {
         loop {
             if let WatchMsg::Events { events, .. } = self.message().await?
@@ -169,16 +171,21 @@ impl Watch {
             if let Some(object) = self.splitter.next_object()? {
                 return decode::decode_watch(&object);
             }
-            if self.ended || self.conn.eof {
+            // Bytes may already wait in the connection (they came with the head).
+            self.scratch.clear();
+            let eof = self.conn.eof;
+            let ended = self
+                .decoder
+                .feed(&mut self.conn.raw, &mut self.scratch, eof)?;
+            self.ended |= ended;
+            if !self.scratch.is_empty() {
+                self.splitter.push(&self.scratch)?;
+                continue;
+            }
+            if self.ended || eof {
                 return Err(closed(self.conn.addr, "by etcd mid-watch"));
             }
             self.conn.fill().await?;
-            self.scratch.clear();
-            let eof = self.conn.eof;
-            self.ended = self
-                .decoder
-                .feed(&mut self.conn.raw, &mut self.scratch, eof)?;
-            self.splitter.push(&self.scratch)?;
         }
     }
 }

@@ -47,7 +47,8 @@ fn request_bodies() {
 fn range_table() {
     let k = b64(b"/w/a");
     let v = b64(b"http://10.0.0.1:8000");
-    let cases: Vec<(String, Result<(i64, Vec<Kv>), ()>)> = vec![
+    type Case = (String, Result<(i64, Vec<Kv>), ()>);
+    let cases: Vec<Case> = vec![
         (r#"{"header":{"revision":"1"}}"#.into(), Ok((1, vec![]))),
         (
             format!(
