@@ -101,10 +101,7 @@ impl BusySet {
 
     /// A member's whole entry: busy and why per class, and its load.
     pub fn member(&self, member_id: u32) -> ([Option<Option<Why>>; 3], u16) {
-        let busy = Class::ALL.map(|c| {
-            self.is_busy(c, member_id)
-                .then(|| self.why(c, member_id))
-        });
+        let busy = Class::ALL.map(|c| self.is_busy(c, member_id).then(|| self.why(c, member_id)));
         (busy, self.load(member_id))
     }
 
