@@ -73,3 +73,33 @@ pub fn load_batches(variant: u64, workers: usize, dp_size: u32, parts: usize) ->
         .map(|c| format!("[{}]", c.join(",")))
         .collect()
 }
+
+/// The monitor thread's id (its comm is cut to 15 bytes: `spillway-monito`).
+pub fn monitor_tid() -> u32 {
+    for entry in std::fs::read_dir("/proc/self/task").unwrap() {
+        let path = entry.unwrap().path();
+        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
+        if "spillway-monitor".starts_with(comm.trim()) && comm.trim().len() >= 15 {
+            return path.file_name().unwrap().to_str().unwrap().parse().unwrap();
+        }
+    }
+    panic!("no spillway-monitor thread");
+}
+
+/// (utime + stime) in seconds, and schedstat run time in seconds, of one thread.
+pub fn thread_cpu(tid: u32, ticks_per_sec: f64) -> (f64, f64) {
+    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
+    // Fields after the parenthesised comm start at field 3 (state).
+    let rest = &stat[stat.rfind(')').unwrap() + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let (utime, stime): (u64, u64) = (f[11].parse().unwrap(), f[12].parse().unwrap());
+    let sched = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
+        .ok()
+        .and_then(|s| {
+            s.split_whitespace()
+                .next()
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .unwrap_or(0);
+    ((utime + stime) as f64 / ticks_per_sec, sched as f64 / 1e9)
+}

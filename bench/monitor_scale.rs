@@ -50,36 +50,6 @@ fn closed_port_range() -> u16 {
     panic!("no free range of {WORKERS} closed ports found");
 }
 
-/// The monitor thread's id (its comm is cut to 15 bytes: `spillway-monito`).
-fn monitor_tid() -> u32 {
-    for entry in std::fs::read_dir("/proc/self/task").unwrap() {
-        let path = entry.unwrap().path();
-        let comm = std::fs::read_to_string(path.join("comm")).unwrap_or_default();
-        if "spillway-monitor".starts_with(comm.trim()) && comm.trim().len() >= 15 {
-            return path.file_name().unwrap().to_str().unwrap().parse().unwrap();
-        }
-    }
-    panic!("no spillway-monitor thread");
-}
-
-/// (utime + stime) in seconds, and schedstat run time in seconds, of one thread.
-fn thread_cpu(tid: u32, ticks_per_sec: f64) -> (f64, f64) {
-    let stat = std::fs::read_to_string(format!("/proc/self/task/{tid}/stat")).unwrap();
-    // Fields after the parenthesised comm start at field 3 (state).
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let (utime, stime): (u64, u64) = (f[11].parse().unwrap(), f[12].parse().unwrap());
-    let sched = std::fs::read_to_string(format!("/proc/self/task/{tid}/schedstat"))
-        .ok()
-        .and_then(|s| {
-            s.split_whitespace()
-                .next()
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .unwrap_or(0);
-    ((utime + stime) as f64 / ticks_per_sec, sched as f64 / 1e9)
-}
-
 struct Admin {
     stream: TcpStream,
     buf: Vec<u8>,
@@ -242,7 +212,7 @@ fn main() {
     )
     .unwrap();
     std::thread::sleep(Duration::from_millis(200));
-    let tid = monitor_tid();
+    let tid = fleet::monitor_tid();
     let mut admin = Admin::connect(server.admin_addr);
 
     // Everything sent in the timed part, built now.
@@ -271,11 +241,11 @@ fn main() {
 
     // The monitor's own tick: re-evaluates every monitor_interval_ms, publishes on change.
     let p0 = admin.publishes();
-    let c0 = thread_cpu(tid, ticks_per_sec);
+    let c0 = fleet::thread_cpu(tid, ticks_per_sec);
     let t0 = Instant::now();
     std::thread::sleep(Duration::from_secs_f64(idle_secs));
     let elapsed = t0.elapsed().as_secs_f64();
-    let c1 = thread_cpu(tid, ticks_per_sec);
+    let c1 = fleet::thread_cpu(tid, ticks_per_sec);
     let p1 = admin.publishes();
     phases.push(Phase {
         name: "no pushes (50 Hz tick only)".into(),
@@ -299,7 +269,7 @@ fn main() {
         let mut late = 0u64;
 
         let p0 = admin.publishes();
-        let c0 = thread_cpu(tid, ticks_per_sec);
+        let c0 = fleet::thread_cpu(tid, ticks_per_sec);
         let start = Instant::now();
         for tick in 0..ticks {
             let due = start + TICK * tick as u32;
@@ -323,7 +293,7 @@ fn main() {
             std::thread::sleep(rest);
         }
         let elapsed = start.elapsed().as_secs_f64();
-        let c1 = thread_cpu(tid, ticks_per_sec);
+        let c1 = fleet::thread_cpu(tid, ticks_per_sec);
         let p1 = admin.publishes();
         phases.push(Phase {
             name: format!(

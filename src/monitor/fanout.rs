@@ -1,7 +1,9 @@
 //! Load over NATS on the control thread. Subscribed, each message is a `POST /load` body
 //! (one event or an array); events for workers this Spillway has are applied as pushed
-//! load, others are counted and skipped (one subject carries a whole fleet's load). The
-//! next monitor tick publishes the busy set. Publishing, every interval this Spillway's
+//! load, others are counted and skipped (one subject carries a whole fleet's load). Once
+//! the messages of one read are applied, the busy set is evaluated again for their
+//! workers only and published at once if it changed (the monitor's tick still
+//! re-evaluates everyone). Publishing, every interval this Spillway's
 //! workers' effective load goes out as one array: each worker as itself, or (with
 //! `publish_as`) as one worker whose ranks are all its workers' ranks, the way a front
 //! door sees a node edge.
@@ -59,11 +61,8 @@ impl Control {
             }
         };
         let snap = self.shared.snapshot.load_full();
-        match self
-            .monitor
-            .table
-            .push_known(&snap, events, clock::now_ms())
-        {
+        let touched = &mut self.fleet.nats.touched;
+        match self.monitor.table.push_known(&snap, events, clock::now_ms(), touched) {
             Ok((applied, unknown)) => {
                 let n = &mut self.fleet.nats;
                 n.applied += applied as u64;
@@ -74,6 +73,20 @@ impl Control {
                 tracing::debug!(error = %e, "NATS load message refused");
             }
         }
+    }
+
+    /// Publishes what the messages applied since the last call changed, for their
+    /// workers only (the next tick re-evaluates everyone).
+    pub fn flush_nats(&mut self) {
+        if self.fleet.nats.touched.is_empty() {
+            return;
+        }
+        let snap = self.shared.snapshot.load_full();
+        let touched = std::mem::take(&mut self.fleet.nats.touched);
+        self.monitor
+            .publish_slots(&self.shared, &snap, clock::now_ms(), &touched);
+        self.fleet.nats.touched = touched;
+        self.fleet.nats.touched.clear();
     }
 
     /// This Spillway's workers' effective load, as a `POST /load` array.
@@ -182,7 +195,12 @@ async fn subscribe(control: Shared, epoch: u64, server: HostPort, subject: Strin
                     m = sub.next() => m.map_err(|e| e.to_string())?,
                     _ = stale(&control, epoch) => return Ok(()),
                 };
-                control.borrow_mut().apply_nats(&msg.payload);
+                let mut c = control.borrow_mut();
+                c.apply_nats(&msg.payload);
+                // Messages that came in one read are applied together, then published.
+                if !sub.buffered() {
+                    c.flush_nats();
+                }
             }
         };
         let result: Result<(), String> = session.await;

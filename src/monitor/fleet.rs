@@ -4,7 +4,7 @@
 //! a vanished one gets no new requests, finishes what it has, its pool drains). A source
 //! that fails keeps its last good membership. The sources themselves: `discover.rs`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -43,6 +43,8 @@ pub struct NatsState {
     pub invalid: u64,
     pub published: u64,
     pub errors: u64,
+    /// Slots of the workers whose load arrived since the last publication.
+    pub touched: HashSet<u32>,
 }
 
 /// The sources of every model and what they found.

@@ -295,15 +295,26 @@ impl LoadTable {
     /// Applies the events for workers `snap` has and skips the others (one subject
     /// carries a whole fleet's load): (applied, skipped). An invalid event for a known
     /// worker refuses the whole batch, as `push` does.
+    /// The slots of the workers that got events are added to `touched`.
     pub fn push_known(
         &mut self,
         snap: &Snapshot,
         mut events: Vec<LoadEvent>,
         now: u64,
+        touched: &mut HashSet<u32>,
     ) -> Result<(usize, usize), PushError> {
         let before = events.len();
-        events.retain(|e| e.worker_id.with_name(|n| snap.worker_named(n)).is_some());
+        events.retain(|e| {
+            e.worker_id
+                .with_name(|n| snap.worker_named(n).map(|w| w.state.slot))
+                .is_some()
+        });
         let applied = self.push(snap, &events, now)?;
+        for e in &events {
+            if let Some(slot) = e.worker_id.with_name(|n| snap.worker_named(n).map(|w| w.state.slot)) {
+                touched.insert(slot);
+            }
+        }
         Ok((applied, before - applied))
     }
 
