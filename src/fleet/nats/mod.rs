@@ -15,8 +15,8 @@ use std::time::Duration;
 use monoio::io::Canceller;
 use monoio::net::TcpStream;
 
-pub use publisher::Publisher;
 use proto::ServerOp;
+pub use publisher::Publisher;
 use wire::{ReadBuf, io_error, send};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

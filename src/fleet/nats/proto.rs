@@ -179,7 +179,10 @@ pub fn validate_subject(subject: &str) -> Result<(), NatsError> {
     if subject.is_empty() {
         return Err(bad("empty subject"));
     }
-    if subject.bytes().any(|b| b.is_ascii_whitespace() || b.is_ascii_control()) {
+    if subject
+        .bytes()
+        .any(|b| b.is_ascii_whitespace() || b.is_ascii_control())
+    {
         return Err(bad(format!("subject {subject:?} holds whitespace")));
     }
     if subject.len() > MAX_CONTROL_LINE - 64 {

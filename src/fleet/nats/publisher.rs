@@ -169,7 +169,8 @@ impl Drop for Publisher {
     fn drop(&mut self) {
         drop(self.shared.writer.take());
         std::mem::take(&mut self.cancel).cancel();
-        self.shared.die(NatsError::Protocol("publisher closed".into()));
+        self.shared
+            .die(NatsError::Protocol("publisher closed".into()));
     }
 }
 

@@ -50,7 +50,10 @@ impl ReadBuf {
                 "a cancelled read left the connection mid-stream".into(),
             ));
         }
-        proto::parse(self.buf.get(self.pos..).unwrap_or_default(), self.max_payload)
+        proto::parse(
+            self.buf.get(self.pos..).unwrap_or_default(),
+            self.max_payload,
+        )
     }
 
     pub(super) fn consume(&mut self, used: usize) {
@@ -97,7 +100,11 @@ pub(super) async fn send<W: AsyncWriteRent>(
     addr: SocketAddr,
 ) -> (Result<(), NatsError>, Vec<u8>) {
     let (res, buf) = writer.write_all(buf).await;
-    (res.map(drop).map_err(|e| io_error(addr, format!("write: {e}"))), buf)
+    (
+        res.map(drop)
+            .map_err(|e| io_error(addr, format!("write: {e}"))),
+        buf,
+    )
 }
 
 /// Reads the server's `INFO` (which sets the payload bound), sends `CONNECT`, `SUB` when
@@ -121,7 +128,9 @@ where
             continue;
         };
         let ServerOp::Info(json) = op else {
-            return Err(NatsError::Protocol("the server did not start with INFO".into()));
+            return Err(NatsError::Protocol(
+                "the server did not start with INFO".into(),
+            ));
         };
         rb.max_payload = proto::info_max_payload(json)?;
         rb.consume(used);

@@ -2,7 +2,12 @@ use super::*;
 
 const MAX: usize = 1024;
 
-fn msg<'a>(subject: &'a str, sid: u64, reply_to: Option<&'a str>, payload: &'a [u8]) -> ServerOp<'a> {
+fn msg<'a>(
+    subject: &'a str,
+    sid: u64,
+    reply_to: Option<&'a str>,
+    payload: &'a [u8],
+) -> ServerOp<'a> {
     ServerOp::Msg {
         subject,
         sid,
@@ -19,22 +24,51 @@ fn wire_table() {
         (b"PONG\r\nPING\r\n", ServerOp::Pong, 6),
         (b"pOnG \r\n", ServerOp::Pong, 7),
         (b"+OK\r\n", ServerOp::Ok, 5),
-        (b"-ERR 'Unknown Protocol Operation'\r\n", ServerOp::Err("Unknown Protocol Operation"), 35),
+        (
+            b"-ERR 'Unknown Protocol Operation'\r\n",
+            ServerOp::Err("Unknown Protocol Operation"),
+            35,
+        ),
         (b"-err 'x'\r\n", ServerOp::Err("x"), 10),
-        (b"INFO {\"max_payload\":5}\r\n", ServerOp::Info("{\"max_payload\":5}"), 24),
+        (
+            b"INFO {\"max_payload\":5}\r\n",
+            ServerOp::Info("{\"max_payload\":5}"),
+            24,
+        ),
         (b"info\t{}\r\n", ServerOp::Info("{}"), 9),
         (b"MSG a.b 1 3\r\nabc\r\n", msg("a.b", 1, None, b"abc"), 18),
-        (b"msg a.b 9 r.1 3\r\nabc\r\n", msg("a.b", 9, Some("r.1"), b"abc"), 22),
+        (
+            b"msg a.b 9 r.1 3\r\nabc\r\n",
+            msg("a.b", 9, Some("r.1"), b"abc"),
+            22,
+        ),
         (b"MSG  a  2\t0\r\n\r\n", msg("a", 2, None, b""), 15),
         (b"MSG a 1 2\r\n\r\n\r\n", msg("a", 1, None, b"\r\n"), 15),
     ];
     for (input, want, used) in complete {
         let got = parse(input, MAX).unwrap_or_else(|e| panic!("{input:?}: {e}"));
-        assert_eq!(got, Some((want.clone(), *used)), "{:?}", String::from_utf8_lossy(input));
+        assert_eq!(
+            got,
+            Some((want.clone(), *used)),
+            "{:?}",
+            String::from_utf8_lossy(input)
+        );
     }
-    let partial: &[&[u8]] = &[b"", b"PI", b"PING\r", b"MSG a 1 3\r\nab", b"MSG a 1 3\r\nabc\r", b"INFO {"];
+    let partial: &[&[u8]] = &[
+        b"",
+        b"PI",
+        b"PING\r",
+        b"MSG a 1 3\r\nab",
+        b"MSG a 1 3\r\nabc\r",
+        b"INFO {",
+    ];
     for input in partial {
-        assert_eq!(parse(input, MAX), Ok(None), "{:?}", String::from_utf8_lossy(input));
+        assert_eq!(
+            parse(input, MAX),
+            Ok(None),
+            "{:?}",
+            String::from_utf8_lossy(input)
+        );
     }
     let refused: &[&[u8]] = &[
         b"\r\n",
@@ -55,7 +89,11 @@ fn wire_table() {
         b"MSG \xff 1 0\r\n\r\n",
     ];
     for input in refused {
-        assert!(parse(input, MAX).is_err(), "{:?}", String::from_utf8_lossy(input));
+        assert!(
+            parse(input, MAX).is_err(),
+            "{:?}",
+            String::from_utf8_lossy(input)
+        );
     }
 }
 
@@ -65,7 +103,10 @@ fn control_line_is_bounded() {
     long.resize(MAX_CONTROL_LINE, b'x');
     assert_eq!(parse(&long, MAX), Ok(None));
     long.extend_from_slice(b"\r\n");
-    assert!(matches!(parse(&long, MAX), Ok(Some((ServerOp::Info(_), _)))));
+    assert!(matches!(
+        parse(&long, MAX),
+        Ok(Some((ServerOp::Info(_), _)))
+    ));
     let mut too_long = long[..MAX_CONTROL_LINE].to_vec();
     too_long.extend_from_slice(b"xx");
     assert!(parse(&too_long, MAX).is_err());
@@ -123,14 +164,21 @@ fn writes() {
     write_pub(&mut out, "load.a", b"hi").unwrap();
     write_pub(&mut out, "e", b"").unwrap();
     out.extend_from_slice(PING);
-    assert_eq!(out, b"SUB load.> 1\r\nPUB load.a 2\r\nhi\r\nPUB e 0\r\n\r\nPING\r\n");
+    assert_eq!(
+        out,
+        b"SUB load.> 1\r\nPUB load.a 2\r\nhi\r\nPUB e 0\r\n\r\nPING\r\n"
+    );
     assert!(write_pub(&mut out, "a b", b"").is_err());
     assert!(write_sub(&mut out, "", 1).is_err());
 
     let mut connect = Vec::new();
     write_connect(&mut connect, "edge \"1\"", "0.1.0");
     let line = std::str::from_utf8(&connect).unwrap();
-    let json = line.strip_prefix("CONNECT ").unwrap().strip_suffix("\r\n").unwrap();
+    let json = line
+        .strip_prefix("CONNECT ")
+        .unwrap()
+        .strip_suffix("\r\n")
+        .unwrap();
     let v: serde_json::Value = serde_json::from_str(json).unwrap();
     assert_eq!(v["name"], "edge \"1\"");
     assert_eq!(v["verbose"], false);
@@ -145,7 +193,10 @@ fn writes() {
 fn info_payload_bound() {
     assert_eq!(info_max_payload("{\"max_payload\":2048}"), Ok(2048));
     assert_eq!(info_max_payload("{}"), Ok(DEFAULT_MAX_PAYLOAD));
-    assert_eq!(info_max_payload("{\"max_payload\":1e30}"), Ok(DEFAULT_MAX_PAYLOAD));
+    assert_eq!(
+        info_max_payload("{\"max_payload\":1e30}"),
+        Ok(DEFAULT_MAX_PAYLOAD)
+    );
     assert_eq!(
         info_max_payload("{\"max_payload\":18446744073709551615}"),
         Ok(MAX_PAYLOAD_CEILING)
