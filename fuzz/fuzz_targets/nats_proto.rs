@@ -23,7 +23,11 @@ fn drain(buf: &[u8], pos: &mut usize, max: usize, ops: &mut Vec<String>) -> Resu
         let rest = &buf[*pos..];
         match parse(rest, max) {
             Ok(Some((op, used))) => {
-                assert!(used >= 1 && used <= rest.len(), "consumed {used} of {}", rest.len());
+                assert!(
+                    used >= 1 && used <= rest.len(),
+                    "consumed {used} of {}",
+                    rest.len()
+                );
                 if let ServerOp::Msg { payload, .. } = &op {
                     assert!(payload.len() <= max);
                 }

@@ -75,6 +75,8 @@ pub struct Subscriber {
     /// Messages read during the handshake, before its `PONG`.
     early: VecDeque<Msg>,
     cancel: Canceller,
+    /// Writing a `PONG`; still set when `next` was dropped mid-write.
+    writing: bool,
 }
 
 impl std::fmt::Debug for Subscriber {
@@ -103,6 +105,7 @@ impl Subscriber {
             rb,
             early,
             cancel: Canceller::new(),
+            writing: false,
         })
     }
 
@@ -110,6 +113,11 @@ impl Subscriber {
     /// the end of the stream or a failed read [`NatsError::Io`]). Not cancel-safe: after
     /// a timeout drops this future mid-read, the subscriber only returns errors.
     pub async fn next(&mut self) -> Result<Msg, NatsError> {
+        if self.writing {
+            return Err(NatsError::Protocol(
+                "a cancelled PONG left the connection mid-write".into(),
+            ));
+        }
         if let Some(msg) = self.early.pop_front() {
             return Ok(msg);
         }
@@ -133,9 +141,9 @@ impl Subscriber {
                 ServerOp::Err(msg) => return Err(NatsError::Server(msg.to_owned())),
                 ServerOp::Ping => {
                     self.rb.consume(used);
-                    send(&mut self.stream, proto::PONG.to_vec(), self.addr)
-                        .await
-                        .0?;
+                    self.writing = true;
+                    send(&mut self.stream, proto::PONG, self.addr).await.0?;
+                    self.writing = false;
                 }
                 ServerOp::Pong | ServerOp::Ok | ServerOp::Info(_) => self.rb.consume(used),
             }

@@ -69,6 +69,8 @@ pub struct Publisher {
     out: Vec<u8>,
     max_payload: usize,
     cancel: Canceller,
+    /// A `publish` is under way; still set when its future was dropped mid-write.
+    writing: bool,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -102,13 +104,20 @@ impl Publisher {
             out: Vec::new(),
             max_payload,
             cancel,
+            writing: false,
         })
     }
 
     /// Publishes `payload` on `subject`, after any `PONG` owed. A bad subject or a payload
     /// over the server's `max_payload` is refused without harm; any other error ends the
-    /// connection (every later call returns it).
+    /// connection (every later call returns it). Not cancel-safe: after a timeout drops
+    /// this future mid-write, the publisher only returns errors.
     pub async fn publish(&mut self, subject: &str, payload: &[u8]) -> Result<(), NatsError> {
+        if self.writing {
+            self.shared.die(NatsError::Protocol(
+                "a cancelled publish left the connection mid-write".into(),
+            ));
+        }
         if let Some(err) = self.shared.dead() {
             return Err(err);
         }
@@ -120,11 +129,17 @@ impl Publisher {
             )));
         }
         proto::validate_subject(subject)?;
+        self.writing = true;
         let mut writer = self.take_writer().await?;
         let mut out = std::mem::take(&mut self.out);
         out.clear();
         pongs(&mut out, self.shared.owed_pongs.replace(0));
-        proto::write_pub(&mut out, subject, payload)?;
+        if let Err(err) = proto::write_pub(&mut out, subject, payload) {
+            self.shared.give_back(writer);
+            self.out = out;
+            self.writing = false;
+            return Err(err);
+        }
         let (mut res, mut buf) = send(&mut writer, out, self.addr).await;
         // PINGs the reader saw meanwhile: answered before the half goes back.
         while res.is_ok() && self.shared.owed_pongs.get() > 0 {
@@ -133,6 +148,7 @@ impl Publisher {
             (res, buf) = send(&mut writer, buf, self.addr).await;
         }
         self.out = buf;
+        self.writing = false;
         match res {
             Ok(()) => {
                 self.shared.give_back(writer);
@@ -226,7 +242,7 @@ async fn answer_ping(shared: &Shared, addr: SocketAddr) -> Result<(), NatsError>
         }
         return Ok(());
     };
-    let (res, _) = send(&mut writer, proto::PONG.to_vec(), addr).await;
+    let (res, _) = send(&mut writer, proto::PONG, addr).await;
     res?;
     shared.give_back(writer);
     Ok(())

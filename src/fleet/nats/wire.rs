@@ -5,7 +5,7 @@
 use std::collections::VecDeque;
 use std::net::SocketAddr;
 
-use monoio::buf::IoBufMut;
+use monoio::buf::{IoBuf, IoBufMut};
 use monoio::io::{AsyncWriteRent, AsyncWriteRentExt, CancelHandle, CancelableAsyncReadRent};
 
 use super::proto::{self, ServerOp};
@@ -94,11 +94,11 @@ impl ReadBuf {
 }
 
 /// Writes all of `buf` and hands it back for reuse.
-pub(super) async fn send<W: AsyncWriteRent>(
+pub(super) async fn send<W: AsyncWriteRent, B: IoBuf + 'static>(
     writer: &mut W,
-    buf: Vec<u8>,
+    buf: B,
     addr: SocketAddr,
-) -> (Result<(), NatsError>, Vec<u8>) {
+) -> (Result<(), NatsError>, B) {
     let (res, buf) = writer.write_all(buf).await;
     (
         res.map(drop)
@@ -162,7 +162,7 @@ where
             }),
             ServerOp::Ping => {
                 rb.consume(used);
-                send(stream, proto::PONG.to_vec(), addr).await.0?;
+                send(stream, proto::PONG, addr).await.0?;
                 continue;
             }
             ServerOp::Info(_) | ServerOp::Ok => {}
