@@ -42,4 +42,5 @@ pub use crate::server::{ServerHandle, start};
 #[doc(hidden)]
 pub mod fuzzing {
     pub use crate::admin::thresholds::{Update, parse_delete, parse_post};
+    pub use crate::fleet::nats::proto as nats_proto;
 }

@@ -15,6 +15,7 @@ pub mod admin;
 pub mod alloc;
 pub mod client;
 pub mod etcd;
+pub mod nats;
 pub mod overlap;
 pub mod proxy;
 pub mod rng;
