@@ -77,7 +77,13 @@ fn pub_line(out: &mut Vec<u8>, w: usize, decode: impl Fn(u32) -> (u64, u64)) {
         })
         .collect();
     let body = format!("[{}]", events.join(","));
-    write!(out, "PUB bench.load.{} {}\r\n{body}\r\n", worker_name(w), body.len()).unwrap();
+    write!(
+        out,
+        "PUB bench.load.{} {}\r\n{body}\r\n",
+        worker_name(w),
+        body.len()
+    )
+    .unwrap();
 }
 
 /// A NATS connection for publishing: CONNECT sent, nothing read (the server's INFO and
@@ -143,7 +149,10 @@ fn churn(
             changed += back.len() + per_s;
             if !back.is_empty() {
                 let names: Vec<String> = back.iter().map(|&i| worker_name(i)).collect();
-                while !names.iter().all(|n| handle.shared.snapshot.load().worker_named(n).is_some()) {
+                while !names
+                    .iter()
+                    .all(|n| handle.shared.snapshot.load().worker_named(n).is_some())
+                {
                     if put_at.elapsed() > Duration::from_secs(5) {
                         break;
                     }
@@ -163,7 +172,11 @@ fn churn(
 }
 
 /// Flips the probe worker busy/idle and times publish → visible on core 0.
-fn probe(addr: SocketAddr, handle: Arc<ServerHandle>, stop: Arc<AtomicBool>) -> JoinHandle<Vec<Duration>> {
+fn probe(
+    addr: SocketAddr,
+    handle: Arc<ServerHandle>,
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<Vec<Duration>> {
     let flips: Vec<Vec<u8>> = [3_900u64, 100]
         .iter()
         .map(|&d| {
@@ -178,7 +191,12 @@ fn probe(addr: SocketAddr, handle: Arc<ServerHandle>, stop: Arc<AtomicBool>) -> 
             let snap = handle.shared.snapshot.load();
             let model = snap.model(MODEL.as_bytes()).unwrap();
             let name = worker_name(0);
-            model.members.iter().find(|m| snap.workers[m.worker as usize].cfg.name == name).unwrap().id
+            model
+                .members
+                .iter()
+                .find(|m| snap.workers[m.worker as usize].cfg.name == name)
+                .unwrap()
+                .id
         };
         let replica = handle.shared.busy[0].clone();
         let mut seen = Vec::new();
@@ -201,8 +219,14 @@ fn probe(addr: SocketAddr, handle: Arc<ServerHandle>, stop: Arc<AtomicBool>) -> 
     })
 }
 
-fn received(admin: SocketAddr) -> f64 {
-    metric_value(&metrics(admin), "spillway_nats_messages_total{direction=\"received\"}").unwrap_or(0.0)
+/// (NATS messages received, busy-set publications) so far.
+fn counts(admin: SocketAddr) -> (f64, f64) {
+    let text = metrics(admin);
+    let get = |s: &str| metric_value(&text, s).unwrap_or(0.0);
+    (
+        get("spillway_nats_messages_total{direction=\"received\"}"),
+        get("spillway_busy_publish_total"),
+    )
 }
 
 fn pct(sorted: &[Duration], p: f64) -> String {
@@ -237,11 +261,17 @@ fn main() {
     let t = Instant::now();
     let handle = Arc::new(proxy(1, &toml));
     while handle.shared.snapshot.load().workers.len() < workers {
-        assert!(t.elapsed() < Duration::from_secs(60), "membership incomplete after 60 s");
+        assert!(
+            t.elapsed() < Duration::from_secs(60),
+            "membership incomplete after 60 s"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     let full = t.elapsed();
-    let ticks_per_sec = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK).ok().flatten().unwrap_or(100) as f64;
+    let ticks_per_sec = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
     let tid = fleet::monitor_tid();
 
     let stop = Arc::new(AtomicBool::new(false));
@@ -249,7 +279,7 @@ fn main() {
     std::thread::sleep(Duration::from_secs(1)); // the subscription's first ticks
     let (c0, r0, g0, w0) = (
         fleet::thread_cpu(tid, ticks_per_sec),
-        received(handle.admin_addr),
+        counts(handle.admin_addr),
         handle.shared.snapshot.load().generation,
         Instant::now(),
     );
@@ -258,7 +288,7 @@ fn main() {
     std::thread::sleep(Duration::from_secs(secs));
     let (c1, r1, g1, wall) = (
         fleet::thread_cpu(tid, ticks_per_sec),
-        received(handle.admin_addr),
+        counts(handle.admin_addr),
         handle.shared.snapshot.load().generation,
         w0.elapsed().as_secs_f64(),
     );
@@ -268,16 +298,20 @@ fn main() {
     let mut visible = probing.join().unwrap();
     visible.sort_unstable();
     joins.sort_unstable();
-    let msgs = (r1 - r0) / wall;
-    println!("| workers × ranks | load | churn | monitor CPU % (utime+stime) | (schedstat) | messages/s | rank events/s | generations/s | join p50 / max ms | publish → visible p50 / p99 / max ms (n) | late ticks |");
-    println!("|---|---|---|---:|---:|---:|---:|---:|---|---|---:|");
+    let msgs = (r1.0 - r0.0) / wall;
+    let publishes = (r1.1 - r0.1) / wall;
     println!(
-        "| {workers} × {DP} | 20 Hz, 1 message per worker | {:.0} changes/s | {:.1} | {:.1} | {:.0} | {:.0} | {:.1} | {} / {} | {} / {} / {} ({}) | {late} of {ticks} |",
+        "| workers × ranks | load | churn | monitor CPU % (utime+stime) | (schedstat) | messages/s | rank events/s | busy-set publications/s | generations/s | join p50 / max ms | publish → visible p50 / p99 / max ms (n) | late ticks |"
+    );
+    println!("|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|");
+    println!(
+        "| {workers} × {DP} | 20 Hz, 1 message per worker | {:.0} changes/s | {:.1} | {:.1} | {:.0} | {:.0} | {:.0} | {:.1} | {} / {} | {} / {} / {} ({}) | {late} of {ticks} |",
         changed as f64 / wall,
         (c1.0 - c0.0) / wall * 100.0,
         (c1.1 - c0.1) / wall * 100.0,
         msgs,
         msgs * f64::from(DP),
+        publishes,
         (g1 - g0) as f64 / wall,
         pct(&joins, 0.5),
         pct(&joins, 1.0),

@@ -14,7 +14,7 @@ use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group};
 use spillway::config::{Config, Overrides};
-use spillway::monitor::load::{Latches, LoadEvent, LoadTable, evaluate, parse_events};
+use spillway::monitor::load::{Latches, LoadEvent, LoadTable, Rule, evaluate, parse_events};
 use spillway::monitor::{Adaptivity, Monitor};
 use spillway::shed::{RankLoad, Thresholds, rank_busy};
 use spillway::state::{BusySet, Shared, Snapshot};
@@ -128,15 +128,19 @@ fn monitor(c: &mut Criterion) {
     });
 
     let mut latches = Latches::default();
+    let mut recheck = Vec::new();
     let mut out = BusySet::default();
     g.bench_function("evaluate", |b| {
         b.iter(|| {
             evaluate(
                 &f.snap,
                 &table,
-                &f.thresholds,
-                &Adaptivity::default(),
-                &mut latches,
+                Rule {
+                    thresholds: &f.thresholds,
+                    adaptivity: &Adaptivity::default(),
+                    latches: &mut latches,
+                    recheck: &mut recheck,
+                },
                 NOW,
                 &mut out,
             );
@@ -197,6 +201,7 @@ fn report_allocations() {
     let f = fleet();
     let mut table = LoadTable::default();
     let mut latches = Latches::default();
+    let mut recheck = Vec::new();
     let mut out = BusySet::default();
     let shared = shared(spillway::config::default_cores());
     let mut mon = Monitor::new(&f.snap);
@@ -227,9 +232,12 @@ fn report_allocations() {
                 evaluate(
                     &f.snap,
                     &table,
-                    &f.thresholds,
-                    &Adaptivity::default(),
-                    &mut latches,
+                    Rule {
+                        thresholds: &f.thresholds,
+                        adaptivity: &Adaptivity::default(),
+                        latches: &mut latches,
+                        recheck: &mut recheck,
+                    },
                     NOW,
                     &mut out,
                 );

@@ -160,6 +160,16 @@ impl Control {
         self.monitor.publish(&self.shared, &snap, now)
     }
 
+    /// The monitor's tick: folds tracked load in, steps the adaptive mode, and publishes
+    /// what changed by itself since the last evaluation ([`Monitor::publish_due`]).
+    pub fn tick(&mut self) -> bool {
+        let snap = self.shared.snapshot.load_full();
+        let now = clock::now_ms();
+        self.monitor.refresh_tracked(&snap, now);
+        self.monitor.adaptivity.step(&snap, now);
+        self.monitor.publish_due(&self.shared, &snap, now)
+    }
+
     /// Commits a loaded configuration: refuses changes that need a restart, builds the
     /// next snapshot (unchanged workers keep pools, load, busy state and slots; workers
     /// found by a source that did not change stay), switches every core to it with one

@@ -62,7 +62,11 @@ impl Control {
         };
         let snap = self.shared.snapshot.load_full();
         let touched = &mut self.fleet.nats.touched;
-        match self.monitor.table.push_known(&snap, events, clock::now_ms(), touched) {
+        match self
+            .monitor
+            .table
+            .push_known(&snap, &events, clock::now_ms(), touched)
+        {
             Ok((applied, unknown)) => {
                 let n = &mut self.fleet.nats;
                 n.applied += applied as u64;

@@ -9,7 +9,7 @@ use super::adaptive::Adaptivity;
 use crate::config::WorkerConfig;
 use crate::http::limits::MAX_DP_SIZE;
 use crate::shed::{Class, RankLoad, Thresholds, Why, rank_why};
-use crate::state::{BusySet, Member, Snapshot};
+use crate::state::{BusySet, Member, Model, Snapshot};
 
 /// A value and when it was observed (monotonic ms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,6 +118,30 @@ impl WorkerLoad {
 }
 
 impl WorkerLoad {
+    /// When a rank's effective load changes by itself: the first instant one of its
+    /// fresh pushed or scraped signals turns stale (`u64::MAX`: none will).
+    pub fn next_expiry(&self, rank: usize, cfg: &WorkerConfig, now: u64, staleness: u64) -> u64 {
+        let Some(r) = self.ranks.get(rank) else {
+            return u64::MAX;
+        };
+        let scrape = cfg.load_sources.scrape.then_some(&r.scrape);
+        [Some(&r.push), scrape]
+            .into_iter()
+            .flatten()
+            .flat_map(|s| {
+                [
+                    s.active_decode_blocks,
+                    s.kv_used_blocks,
+                    s.active_prefill_tokens,
+                ]
+            })
+            .flatten()
+            .filter(|t| now.saturating_sub(t.at) < staleness)
+            .map(|t| t.at.saturating_add(staleness))
+            .min()
+            .unwrap_or(u64::MAX)
+    }
+
     /// What the engine itself reported for a rank (fresh push or scrape, without the
     /// router's tracked load): (active prefill tokens, active decode blocks).
     pub fn reported(
@@ -151,11 +175,34 @@ impl WorkerLoad {
 }
 
 /// A worker id in a load event: the configured name, or a number matched against names.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[derive(Debug, Clone)]
 pub enum WorkerRef {
     Name(String),
     Number(u64),
+}
+
+impl<'de> Deserialize<'de> for WorkerRef {
+    /// A string or a non-negative integer, read directly (an untagged enum would buffer
+    /// each value first: this runs for every event of every load message).
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<WorkerRef, D::Error> {
+        struct Id;
+        impl serde::de::Visitor<'_> for Id {
+            type Value = WorkerRef;
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a worker name or a non-negative integer")
+            }
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<WorkerRef, E> {
+                Ok(WorkerRef::Name(v.to_owned()))
+            }
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<WorkerRef, E> {
+                Ok(WorkerRef::Name(v))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<WorkerRef, E> {
+                Ok(WorkerRef::Number(v))
+            }
+        }
+        d.deserialize_any(Id)
+    }
 }
 
 impl WorkerRef {
@@ -237,85 +284,102 @@ impl LoadTable {
         events: &[LoadEvent],
         now: u64,
     ) -> Result<usize, PushError> {
-        let mut targets = Vec::with_capacity(events.len());
-        let mut unknown = Vec::new();
-        for e in events {
-            let Some(w) = e.worker_id.with_name(|name| snap.worker_named(name)) else {
-                unknown.push(e.worker_id.name());
-                continue;
-            };
-            let dp = e.dp_size.unwrap_or_else(|| {
-                self.workers
-                    .get(&w.state.slot)
-                    .map_or(w.cfg.dp_size, |l| l.dp_size(&w.cfg) as u32)
-            });
-            // The file's bound: a larger size would size the rank tables (and every
-            // evaluation's loop) by a number from the wire.
-            if e.dp_size.is_some_and(|d| d == 0 || d > MAX_DP_SIZE) {
-                return Err(PushError::Invalid(format!(
-                    "dp_size must be between 1 and {MAX_DP_SIZE} (worker {})",
-                    w.cfg.name
-                )));
-            }
-            if e.dp_rank >= dp {
-                return Err(PushError::Invalid(format!(
-                    "dp_rank {} is out of range for worker {} (dp_size {dp})",
-                    e.dp_rank, w.cfg.name
-                )));
-            }
-            targets.push(w.state.slot);
-        }
-        if !unknown.is_empty() {
-            return Err(PushError::UnknownWorker(unknown.join(", ")));
-        }
-        for (e, slot) in events.iter().zip(targets) {
-            let w = self.worker(slot);
-            w.last_push = Some(now);
-            if e.dp_size.is_some() {
-                w.dp_size = e.dp_size;
-            }
-            let r = w.rank_mut(e.dp_rank as usize);
-            let at = |v: Option<u64>, old: Option<Timed>| {
-                v.map(|value| Timed { value, at: now }).or(old)
-            };
-            r.push.active_decode_blocks = at(e.active_decode_blocks, r.push.active_decode_blocks);
-            r.push.kv_used_blocks = at(e.kv_used_blocks, r.push.kv_used_blocks);
-            r.push.active_prefill_tokens =
-                at(e.active_prefill_tokens, r.push.active_prefill_tokens);
-            if e.kv_total_blocks.is_some() {
-                r.kv_total_blocks = e.kv_total_blocks;
-            }
-            if e.max_num_batched_tokens.is_some() {
-                r.max_num_batched_tokens = e.max_num_batched_tokens;
-            }
-        }
-        Ok(events.len())
+        self.push_where(snap, events, now, None)
+            .map(|(applied, _)| applied)
     }
 
     /// Applies the events for workers `snap` has and skips the others (one subject
     /// carries a whole fleet's load): (applied, skipped). An invalid event for a known
-    /// worker refuses the whole batch, as `push` does.
-    /// The slots of the workers that got events are added to `touched`.
+    /// worker refuses the whole batch, as `push` does. The slots of the workers that got
+    /// events are added to `touched`.
     pub fn push_known(
         &mut self,
         snap: &Snapshot,
-        mut events: Vec<LoadEvent>,
+        events: &[LoadEvent],
         now: u64,
         touched: &mut HashSet<u32>,
     ) -> Result<(usize, usize), PushError> {
-        let before = events.len();
-        events.retain(|e| {
-            e.worker_id
-                .with_name(|n| snap.worker_named(n).map(|w| w.state.slot))
-                .is_some()
-        });
-        let applied = self.push(snap, &events, now)?;
-        for e in &events {
-            if let Some(slot) = e.worker_id.with_name(|n| snap.worker_named(n).map(|w| w.state.slot)) {
-                touched.insert(slot);
-            }
+        self.push_where(snap, events, now, Some(touched))
+    }
+
+    /// Checks every event (each worker looked up once), then applies them. Without
+    /// `touched`, an unknown worker refuses the batch; with it, its events are skipped.
+    fn push_where(
+        &mut self,
+        snap: &Snapshot,
+        events: &[LoadEvent],
+        now: u64,
+        mut touched: Option<&mut HashSet<u32>>,
+    ) -> Result<(usize, usize), PushError> {
+        let mut targets = Vec::with_capacity(events.len());
+        let (mut unknown, mut skipped) = (Vec::new(), 0);
+        for e in events {
+            let Some(w) = e.worker_id.with_name(|name| snap.worker_named(name)) else {
+                if touched.is_none() {
+                    unknown.push(e.worker_id.name());
+                }
+                skipped += 1;
+                targets.push(None);
+                continue;
+            };
+            self.check(e, w)?;
+            targets.push(Some(w.state.slot));
         }
-        Ok((applied, before - applied))
+        if !unknown.is_empty() && touched.is_none() {
+            return Err(PushError::UnknownWorker(unknown.join(", ")));
+        }
+        for (e, slot) in events.iter().zip(targets) {
+            let Some(slot) = slot else { continue };
+            if let Some(t) = touched.as_deref_mut() {
+                t.insert(slot);
+            }
+            self.apply(e, slot, now);
+        }
+        Ok((events.len() - skipped, skipped))
+    }
+
+    /// An event's dp_size and dp_rank against the worker's.
+    fn check(&self, e: &LoadEvent, w: &crate::state::Worker) -> Result<(), PushError> {
+        let dp = e.dp_size.unwrap_or_else(|| {
+            self.workers
+                .get(&w.state.slot)
+                .map_or(w.cfg.dp_size, |l| l.dp_size(&w.cfg) as u32)
+        });
+        // The file's bound: a larger size would size the rank tables (and every
+        // evaluation's loop) by a number from the wire.
+        if e.dp_size.is_some_and(|d| d == 0 || d > MAX_DP_SIZE) {
+            return Err(PushError::Invalid(format!(
+                "dp_size must be between 1 and {MAX_DP_SIZE} (worker {})",
+                w.cfg.name
+            )));
+        }
+        if e.dp_rank >= dp {
+            return Err(PushError::Invalid(format!(
+                "dp_rank {} is out of range for worker {} (dp_size {dp})",
+                e.dp_rank, w.cfg.name
+            )));
+        }
+        Ok(())
+    }
+
+    fn apply(&mut self, e: &LoadEvent, slot: u32, now: u64) {
+        let w = self.worker(slot);
+        w.last_push = Some(now);
+        if e.dp_size.is_some() {
+            w.dp_size = e.dp_size;
+        }
+        let r = w.rank_mut(e.dp_rank as usize);
+        let at =
+            |v: Option<u64>, old: Option<Timed>| v.map(|value| Timed { value, at: now }).or(old);
+        r.push.active_decode_blocks = at(e.active_decode_blocks, r.push.active_decode_blocks);
+        r.push.kv_used_blocks = at(e.kv_used_blocks, r.push.kv_used_blocks);
+        r.push.active_prefill_tokens = at(e.active_prefill_tokens, r.push.active_prefill_tokens);
+        if e.kv_total_blocks.is_some() {
+            r.kv_total_blocks = e.kv_total_blocks;
+        }
+        if e.max_num_batched_tokens.is_some() {
+            r.max_num_batched_tokens = e.max_num_batched_tokens;
+        }
     }
 
     /// Drops state of workers no longer configured.
@@ -349,6 +413,9 @@ pub struct Rule<'a> {
     pub thresholds: &'a HashMap<String, Thresholds>,
     pub adaptivity: &'a Adaptivity,
     pub latches: &'a mut Latches,
+    /// Per member id: when its entry changes by itself (a signal turns stale), written
+    /// by every evaluation of the member.
+    pub recheck: &'a mut Vec<u64>,
 }
 
 /// Evaluates every model's members into `out` (cleared first; reuses its storage), for
@@ -357,96 +424,152 @@ pub struct Rule<'a> {
 pub fn evaluate(
     snap: &Snapshot,
     table: &LoadTable,
-    thresholds: &HashMap<String, Thresholds>,
-    adaptivity: &Adaptivity,
-    latches: &mut Latches,
+    mut rule: Rule<'_>,
     now: u64,
     out: &mut BusySet,
 ) {
     out.clear();
-    let rule = Rule {
-        thresholds,
-        adaptivity,
-        latches,
-    };
-    evaluate_where(snap, table, rule, now, out, |_| true);
-}
-
-/// Evaluates again only the members of the workers in `slots`, in a set that holds the
-/// last evaluation (new load from a few workers, published without waiting for the next
-/// full pass). Returns whether any of their entries changed.
-pub fn evaluate_slots(
-    snap: &Snapshot,
-    table: &LoadTable,
-    rule: Rule<'_>,
-    now: u64,
-    out: &mut BusySet,
-    slots: &HashSet<u32>,
-) -> bool {
-    evaluate_where(snap, table, rule, now, out, |member| {
-        slots.contains(&snap.workers[member.worker as usize].state.slot)
-    })
-}
-
-/// Evaluates the members `pick` selects (each one's entry replaced). Returns whether
-/// any entry changed.
-fn evaluate_where(
-    snap: &Snapshot,
-    table: &LoadTable,
-    rule: Rule<'_>,
-    now: u64,
-    out: &mut BusySet,
-    pick: impl Fn(&Member) -> bool,
-) -> bool {
-    let mut changed = false;
-    let Rule {
-        thresholds,
-        adaptivity,
-        latches,
-    } = rule;
-    let empty = WorkerLoad::default();
-    let classes = &snap.config.classes;
     for model in snap.models.iter() {
-        let t = thresholds.get(&*model.name).copied().unwrap_or_default();
+        let t = rule
+            .thresholds
+            .get(&*model.name)
+            .copied()
+            .unwrap_or_default();
         if t.any() {
             out.set_enabled(model.id);
         }
-        for member in model.members.iter().filter(|m| pick(m)) {
-            let scale = adaptivity.scale(member.id);
-            let by_class =
-                Class::ALL.map(|c| t.scaled(classes.get(c).busy_threshold_scale * scale));
+        for member in model.members.iter() {
+            evaluate_member(snap, table, &mut rule, (model, member), now, out, false);
+        }
+    }
+}
+
+/// The periodic pass over a set that holds the last evaluation: only the members whose
+/// entry may have changed by itself since, because their load is tracked (refreshed
+/// every tick), their model is adaptive (factors move every tick) or one of their
+/// signals turned stale. Every other change to the load table or the rule is evaluated
+/// where it happens (`POST /load`, a scrape, a reload, a threshold change: a full pass;
+/// NATS: [`evaluate_slots`]). Returns whether any entry changed.
+pub fn evaluate_due(
+    snap: &Snapshot,
+    table: &LoadTable,
+    mut rule: Rule<'_>,
+    now: u64,
+    out: &mut BusySet,
+) -> bool {
+    let mut changed = false;
+    for (model, cfg) in snap.models.iter().zip(&snap.config.models) {
+        for member in model.members.iter() {
             let w = &snap.workers[member.worker as usize];
-            let load = table.workers.get(&w.state.slot).unwrap_or(&empty);
-            let ranks = load.dp_size(&w.cfg);
-            let staleness = snap.config.load_staleness_ms;
-            let mut permille = 0u16;
-            // Busy when every rank is: the least busy rank says why.
-            let mut why: [Option<Why>; 3] = [None; 3];
-            let mut busy = [ranks > 0; 3];
-            for r in 0..ranks {
-                let l = load.effective(r, &w.cfg, now, staleness);
-                permille = permille.max(load_permille(&l));
-                for c in Class::ALL {
-                    let (i, latch) = (c.index(), latches.get(c, member.id, r));
-                    match rank_why(&by_class[i], &l, latch) {
-                        None => busy[i] = false,
-                        Some(y) if why[i].is_none_or(|w| y.excess() < w.excess()) => {
-                            why[i] = Some(y)
-                        }
-                        Some(_) => {}
-                    }
-                }
+            let due = cfg.adaptive.is_some()
+                || w.cfg.load_sources.tracked
+                || rule
+                    .recheck
+                    .get(member.id as usize)
+                    .is_none_or(|&t| t <= now);
+            if due {
+                changed |= evaluate_member(snap, table, &mut rule, (model, member), now, out, true);
             }
-            let before = out.member(member.id);
-            out.clear_member(member.id);
-            for c in Class::ALL.into_iter().filter(|c| busy[c.index()]) {
-                out.set_busy(c, member.id, why[c.index()]);
-            }
-            out.set_load(member.id, permille);
-            changed |= out.member(member.id) != before;
         }
     }
     changed
+}
+
+/// Where each worker is a member: slot → (model index, member position), for one
+/// snapshot.
+pub fn members_by_slot(snap: &Snapshot) -> HashMap<u32, Vec<(u32, u32)>> {
+    let mut index: HashMap<u32, Vec<(u32, u32)>> = HashMap::new();
+    for (mi, model) in snap.models.iter().enumerate() {
+        for (pos, member) in model.members.iter().enumerate() {
+            let slot = snap.workers[member.worker as usize].state.slot;
+            index.entry(slot).or_default().push((mi as u32, pos as u32));
+        }
+    }
+    index
+}
+
+/// Evaluates again only the members of the workers in `slots` (found through `index`,
+/// [`members_by_slot`] of `snap`), in a set that holds the last evaluation: new load from
+/// a few workers, published without waiting for the next full pass. Returns whether any
+/// of their entries changed.
+pub fn evaluate_slots(
+    snap: &Snapshot,
+    table: &LoadTable,
+    mut rule: Rule<'_>,
+    now: u64,
+    out: &mut BusySet,
+    slots: &HashSet<u32>,
+    index: &HashMap<u32, Vec<(u32, u32)>>,
+) -> bool {
+    let mut changed = false;
+    for (mi, pos) in slots.iter().filter_map(|s| index.get(s)).flatten() {
+        let Some(model) = snap.models.get(*mi as usize) else {
+            continue;
+        };
+        let Some(member) = model.members.get(*pos as usize) else {
+            continue;
+        };
+        changed |= evaluate_member(snap, table, &mut rule, (model, member), now, out, true);
+    }
+    changed
+}
+
+/// One member's entry (replaced in `out`); with `compare`, returns whether it changed
+/// (else `false`: a full pass starts from an empty set).
+fn evaluate_member(
+    snap: &Snapshot,
+    table: &LoadTable,
+    rule: &mut Rule<'_>,
+    (model, member): (&Model, &Member),
+    now: u64,
+    out: &mut BusySet,
+    compare: bool,
+) -> bool {
+    static EMPTY: std::sync::LazyLock<WorkerLoad> = std::sync::LazyLock::new(WorkerLoad::default);
+    let t = rule
+        .thresholds
+        .get(&*model.name)
+        .copied()
+        .unwrap_or_default();
+    let scale = rule.adaptivity.scale(member.id);
+    let classes = &snap.config.classes;
+    let by_class = Class::ALL.map(|c| t.scaled(classes.get(c).busy_threshold_scale * scale));
+    let w = &snap.workers[member.worker as usize];
+    let load = table.workers.get(&w.state.slot).unwrap_or(&EMPTY);
+    let ranks = load.dp_size(&w.cfg);
+    let staleness = snap.config.load_staleness_ms;
+    let mut permille = 0u16;
+    // Busy when every rank is: the least busy rank says why.
+    let mut why: [Option<Why>; 3] = [None; 3];
+    let mut busy = [ranks > 0; 3];
+    let mut recheck = u64::MAX;
+    for r in 0..ranks {
+        recheck = recheck.min(load.next_expiry(r, &w.cfg, now, staleness));
+        let l = load.effective(r, &w.cfg, now, staleness);
+        permille = permille.max(load_permille(&l));
+        for c in Class::ALL {
+            let (i, latch) = (c.index(), rule.latches.get(c, member.id, r));
+            match rank_why(&by_class[i], &l, latch) {
+                None => busy[i] = false,
+                Some(y) if why[i].is_none_or(|w| y.excess() < w.excess()) => why[i] = Some(y),
+                Some(_) => {}
+            }
+        }
+    }
+    let i = member.id as usize;
+    if rule.recheck.len() <= i {
+        rule.recheck.resize(i + 1, 0);
+    }
+    rule.recheck[i] = recheck;
+    let before = compare.then(|| out.member(member.id));
+    if compare {
+        out.clear_member(member.id);
+    }
+    for c in Class::ALL.into_iter().filter(|c| busy[c.index()]) {
+        out.set_busy(c, member.id, why[c.index()]);
+    }
+    out.set_load(member.id, permille);
+    before.is_some_and(|b| out.member(member.id) != b)
 }
 
 /// The fullest known signal of a rank, in permille of its capacity (for least-loaded).
@@ -489,15 +612,13 @@ mod tests {
 
     fn busy_after(s: &Snapshot, table: &LoadTable, now: u64) -> BusySet {
         let mut out = BusySet::default();
-        evaluate(
-            s,
-            table,
-            &thresholds(s),
-            &Adaptivity::default(),
-            &mut Latches::default(),
-            now,
-            &mut out,
-        );
+        let rule = Rule {
+            thresholds: &thresholds(s),
+            adaptivity: &Adaptivity::default(),
+            latches: &mut Latches::default(),
+            recheck: &mut Vec::new(),
+        };
+        evaluate(s, table, rule, now, &mut out);
         out
     }
 

@@ -42,6 +42,10 @@ pub struct Monitor {
     scratch: BusySet,
     published: Arc<BusySet>,
     pub publishes: u64,
+    /// Per member id: when its entry next changes by itself (see [`load::Rule`]).
+    recheck: Vec<u64>,
+    /// [`load::members_by_slot`] of the snapshot with this generation.
+    slot_index: (u64, HashMap<u32, Vec<(u32, u32)>>),
 }
 
 fn file_thresholds(snap: &Snapshot) -> HashMap<String, Thresholds> {
@@ -64,6 +68,8 @@ impl Monitor {
             scratch: BusySet::default(),
             published: Arc::new(BusySet::default()),
             publishes: 0,
+            recheck: Vec::new(),
+            slot_index: (0, HashMap::new()),
         }
     }
 
@@ -117,16 +123,32 @@ impl Monitor {
     /// replica before returning. Returns whether it published.
     pub fn publish(&mut self, shared: &Shared, snap: &Snapshot, now: u64) -> bool {
         self.publish_loads(snap, now);
-        load::evaluate(
-            snap,
-            &self.table,
-            &self.thresholds,
-            &self.adaptivity,
-            &mut self.latches,
-            now,
-            &mut self.scratch,
-        );
+        let rule = load::Rule {
+            thresholds: &self.thresholds,
+            adaptivity: &self.adaptivity,
+            latches: &mut self.latches,
+            recheck: &mut self.recheck,
+        };
+        load::evaluate(snap, &self.table, rule, now, &mut self.scratch);
         if self.scratch == *self.published {
+            return false;
+        }
+        self.store(shared);
+        true
+    }
+
+    /// The periodic pass: evaluates again only the members whose entry may have changed
+    /// by itself ([`load::evaluate_due`]) and publishes when one did. Returns whether it
+    /// published.
+    pub fn publish_due(&mut self, shared: &Shared, snap: &Snapshot, now: u64) -> bool {
+        self.publish_loads(snap, now);
+        let rule = load::Rule {
+            thresholds: &self.thresholds,
+            adaptivity: &self.adaptivity,
+            latches: &mut self.latches,
+            recheck: &mut self.recheck,
+        };
+        if !load::evaluate_due(snap, &self.table, rule, now, &mut self.scratch) {
             return false;
         }
         self.store(shared);
@@ -143,12 +165,25 @@ impl Monitor {
         now: u64,
         slots: &HashSet<u32>,
     ) -> bool {
+        if self.slot_index.0 != snap.generation {
+            self.slot_index = (snap.generation, load::members_by_slot(snap));
+        }
         let rule = load::Rule {
             thresholds: &self.thresholds,
             adaptivity: &self.adaptivity,
             latches: &mut self.latches,
+            recheck: &mut self.recheck,
         };
-        if !load::evaluate_slots(snap, &self.table, rule, now, &mut self.scratch, slots) {
+        let index = &self.slot_index.1;
+        if !load::evaluate_slots(
+            snap,
+            &self.table,
+            rule,
+            now,
+            &mut self.scratch,
+            slots,
+            index,
+        ) {
             return false;
         }
         self.store(shared);
@@ -172,6 +207,10 @@ impl Monitor {
     /// (see [`crate::state::worker::WorkerState::kv_load`]): atomics, so a load that
     /// changes every interval costs no publication.
     fn publish_loads(&self, snap: &Snapshot, now: u64) {
+        // Only `kv` routing reads it.
+        if snap.models.iter().all(|m| m.kv.is_none()) {
+            return;
+        }
         let staleness = snap.config.load_staleness_ms;
         for w in snap.workers.iter() {
             let mut engine = KvLoad::default();

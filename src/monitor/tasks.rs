@@ -1,5 +1,5 @@
-//! The monitor's timers on the control thread: fold tracked load in and republish every
-//! `monitor_interval_ms`; scrape workers with the `scrape` source every
+//! The monitor's timers on the control thread: fold tracked load in and publish what
+//! changed every `monitor_interval_ms`; scrape workers with the `scrape` source every
 //! `scrape_interval_ms` (one scrape per worker in flight at a time).
 
 use std::cell::RefCell;
@@ -23,7 +23,7 @@ pub async fn tick(control: Rc<RefCell<Control>>) {
             .config
             .monitor_interval_ms;
         monoio::time::sleep(Duration::from_millis(interval)).await;
-        control.borrow_mut().republish();
+        control.borrow_mut().tick();
     }
 }
 

@@ -109,11 +109,10 @@ impl Subscriber {
         })
     }
 
-    /// Whether [`Subscriber::next`] has a whole operation buffered (a message, or a
-    /// `PING` it will answer), so that it will not wait for the network: callers apply
-    /// the messages of one read together.
+    /// Whether [`Subscriber::next`] has a whole message buffered, so that it returns
+    /// without waiting for the network: callers apply the messages of one read together.
     pub fn buffered(&self) -> bool {
-        !self.early.is_empty() || matches!(self.rb.parse(), Ok(Some(_)))
+        !self.early.is_empty() || matches!(self.rb.parse(), Ok(Some((ServerOp::Msg { .. }, _))))
     }
 
     /// The next message; an error ends the connection (`-ERR` is [`NatsError::Server`],

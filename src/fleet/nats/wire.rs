@@ -12,7 +12,7 @@ use super::proto::{self, ServerOp};
 use super::{Msg, NatsError};
 
 /// Bytes asked of each read; the buffer grows past it only for a larger message.
-const READ_CHUNK: usize = 16 * 1024;
+const READ_CHUNK: usize = 64 * 1024;
 /// The sid of a subscriber's one subscription.
 pub(super) const SID: u64 = 1;
 
