@@ -14,6 +14,7 @@
 pub mod admin;
 pub mod alloc;
 pub mod client;
+pub mod dns;
 pub mod overlap;
 pub mod proxy;
 pub mod rng;

@@ -12,7 +12,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::Duration;
 
 use hickory_proto::op::Message;
-use hickory_proto::rr::{Name, RecordType};
+use hickory_proto::rr::Name;
 use monoio::io::{AsyncReadRentExt, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 use monoio::net::udp::UdpSocket;
@@ -20,6 +20,7 @@ use monoio::net::udp::UdpSocket;
 pub use answer::{
     SrvRecord, answer_addrs, answers, check_rcode, decode, fqdn, query_bytes, srv_records,
 };
+pub use hickory_proto::rr::RecordType;
 pub use resolv::parse_resolv_conf;
 
 /// The largest reply read over UDP (without EDNS a server sends at most 512 bytes).
