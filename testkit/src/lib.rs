@@ -14,6 +14,7 @@
 pub mod admin;
 pub mod alloc;
 pub mod client;
+pub mod dns;
 pub mod etcd;
 pub mod nats;
 pub mod overlap;
