@@ -202,7 +202,7 @@ fn probe(
         let mut seen = Vec::new();
         let mut n = 0usize;
         while !stop.load(Ordering::SeqCst) {
-            let busy = n % 2 == 0;
+            let busy = n.is_multiple_of(2);
             let sent = Instant::now();
             s.write_all(&flips[n % 2]).unwrap();
             while replica.load().is_busy(Class::Standard, member) != busy {

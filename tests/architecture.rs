@@ -27,7 +27,14 @@ const ORDER: &[&str] = &[
 ];
 
 /// Pure decision code: no runtime, no sockets.
-const DECISION: &[&str] = &["http", "shed", "admission", "route", "monitor/load.rs"];
+const DECISION: &[&str] = &[
+    "http",
+    "shed",
+    "admission",
+    "route",
+    "monitor/load.rs",
+    "monitor/evaluate.rs",
+];
 
 const MAX_FN_LINES: usize = 80;
 const MAX_FILE_LINES: usize = 600;

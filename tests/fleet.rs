@@ -35,7 +35,7 @@ struct Engine {
 
 fn engine(etcd: &Etcd, node: usize, name: &str) -> Engine {
     let ip = format!("127.0.0.{}", node + 2);
-    let who = format!("{name}");
+    let who = name.to_string();
     let upstream = upstream_at(&ip, move |_| {
         Reply::Raw(json_response(200, &format!(r#"{{"worker":"{who}"}}"#)))
     });

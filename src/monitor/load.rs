@@ -5,11 +5,10 @@ use std::collections::{HashMap, HashSet};
 
 use serde::Deserialize;
 
-use super::adaptive::Adaptivity;
 use crate::config::WorkerConfig;
 use crate::http::limits::MAX_DP_SIZE;
-use crate::shed::{Class, RankLoad, Thresholds, Why, rank_why};
-use crate::state::{BusySet, Member, Model, Snapshot};
+use crate::shed::RankLoad;
+use crate::state::Snapshot;
 
 /// A value and when it was observed (monotonic ms).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +56,7 @@ pub struct WorkerLoad {
     pub scrape_error: Option<String>,
 }
 
-fn max_opt(values: impl IntoIterator<Item = Option<u64>>) -> Option<u64> {
+pub(super) fn max_opt(values: impl IntoIterator<Item = Option<u64>>) -> Option<u64> {
     values.into_iter().flatten().max()
 }
 
@@ -384,212 +383,22 @@ impl LoadTable {
 
     /// Drops state of workers no longer configured.
     pub fn retain(&mut self, snap: &Snapshot) {
-        self.workers
-            .retain(|slot, _| snap.workers.iter().any(|w| w.state.slot == *slot));
+        let live: HashSet<u32> = snap.workers.iter().map(|w| w.state.slot).collect();
+        self.workers.retain(|slot, _| live.contains(slot));
     }
 }
 
-/// Decode latches, per request class, member id and rank.
-#[derive(Debug, Default)]
-pub struct Latches([Vec<Vec<bool>>; 3]);
-
-impl Latches {
-    fn get(&mut self, class: Class, member: u32, rank: usize) -> &mut bool {
-        let (m, members) = (member as usize, &mut self.0[class.index()]);
-        if members.len() <= m {
-            members.resize_with(m + 1, Vec::new);
-        }
-        let ranks = &mut members[m];
-        if ranks.len() <= rank {
-            ranks.resize(rank + 1, false);
-        }
-        &mut ranks[rank]
-    }
-}
-
-/// What the busy rule reads besides the load table: thresholds per model, the adaptive
-/// mode's factors, the decode latches.
-pub struct Rule<'a> {
-    pub thresholds: &'a HashMap<String, Thresholds>,
-    pub adaptivity: &'a Adaptivity,
-    pub latches: &'a mut Latches,
-    /// Per member id: when its entry changes by itself (a signal turns stale), written
-    /// by every evaluation of the member.
-    pub recheck: &'a mut Vec<u64>,
-}
-
-/// Evaluates every model's members into `out` (cleared first; reuses its storage), for
-/// each request class with the model's thresholds scaled as that class sees them (and as
-/// the adaptive mode sets them for the member).
-pub fn evaluate(
-    snap: &Snapshot,
-    table: &LoadTable,
-    mut rule: Rule<'_>,
-    now: u64,
-    out: &mut BusySet,
-) {
-    out.clear();
-    for model in snap.models.iter() {
-        let t = rule
-            .thresholds
-            .get(&*model.name)
-            .copied()
-            .unwrap_or_default();
-        if t.any() {
-            out.set_enabled(model.id);
-        }
-        for member in model.members.iter() {
-            evaluate_member(snap, table, &mut rule, (model, member), now, out, false);
-        }
-    }
-}
-
-/// The periodic pass over a set that holds the last evaluation: only the members whose
-/// entry may have changed by itself since, because their load is tracked (refreshed
-/// every tick), their model is adaptive (factors move every tick) or one of their
-/// signals turned stale. Every other change to the load table or the rule is evaluated
-/// where it happens (`POST /load`, a scrape, a reload, a threshold change: a full pass;
-/// NATS: [`evaluate_slots`]). Returns whether any entry changed.
-pub fn evaluate_due(
-    snap: &Snapshot,
-    table: &LoadTable,
-    mut rule: Rule<'_>,
-    now: u64,
-    out: &mut BusySet,
-) -> bool {
-    let mut changed = false;
-    for (model, cfg) in snap.models.iter().zip(&snap.config.models) {
-        for member in model.members.iter() {
-            let w = &snap.workers[member.worker as usize];
-            let due = cfg.adaptive.is_some()
-                || w.cfg.load_sources.tracked
-                || rule
-                    .recheck
-                    .get(member.id as usize)
-                    .is_none_or(|&t| t <= now);
-            if due {
-                changed |= evaluate_member(snap, table, &mut rule, (model, member), now, out, true);
-            }
-        }
-    }
-    changed
-}
-
-/// Where each worker is a member: slot → (model index, member position), for one
-/// snapshot.
-pub fn members_by_slot(snap: &Snapshot) -> HashMap<u32, Vec<(u32, u32)>> {
-    let mut index: HashMap<u32, Vec<(u32, u32)>> = HashMap::new();
-    for (mi, model) in snap.models.iter().enumerate() {
-        for (pos, member) in model.members.iter().enumerate() {
-            let slot = snap.workers[member.worker as usize].state.slot;
-            index.entry(slot).or_default().push((mi as u32, pos as u32));
-        }
-    }
-    index
-}
-
-/// Evaluates again only the members of the workers in `slots` (found through `index`,
-/// [`members_by_slot`] of `snap`), in a set that holds the last evaluation: new load from
-/// a few workers, published without waiting for the next full pass. Returns whether any
-/// of their entries changed.
-pub fn evaluate_slots(
-    snap: &Snapshot,
-    table: &LoadTable,
-    mut rule: Rule<'_>,
-    now: u64,
-    out: &mut BusySet,
-    slots: &HashSet<u32>,
-    index: &HashMap<u32, Vec<(u32, u32)>>,
-) -> bool {
-    let mut changed = false;
-    for (mi, pos) in slots.iter().filter_map(|s| index.get(s)).flatten() {
-        let Some(model) = snap.models.get(*mi as usize) else {
-            continue;
-        };
-        let Some(member) = model.members.get(*pos as usize) else {
-            continue;
-        };
-        changed |= evaluate_member(snap, table, &mut rule, (model, member), now, out, true);
-    }
-    changed
-}
-
-/// One member's entry (replaced in `out`); with `compare`, returns whether it changed
-/// (else `false`: a full pass starts from an empty set).
-fn evaluate_member(
-    snap: &Snapshot,
-    table: &LoadTable,
-    rule: &mut Rule<'_>,
-    (model, member): (&Model, &Member),
-    now: u64,
-    out: &mut BusySet,
-    compare: bool,
-) -> bool {
-    static EMPTY: std::sync::LazyLock<WorkerLoad> = std::sync::LazyLock::new(WorkerLoad::default);
-    let t = rule
-        .thresholds
-        .get(&*model.name)
-        .copied()
-        .unwrap_or_default();
-    let scale = rule.adaptivity.scale(member.id);
-    let classes = &snap.config.classes;
-    let by_class = Class::ALL.map(|c| t.scaled(classes.get(c).busy_threshold_scale * scale));
-    let w = &snap.workers[member.worker as usize];
-    let load = table.workers.get(&w.state.slot).unwrap_or(&EMPTY);
-    let ranks = load.dp_size(&w.cfg);
-    let staleness = snap.config.load_staleness_ms;
-    let mut permille = 0u16;
-    // Busy when every rank is: the least busy rank says why.
-    let mut why: [Option<Why>; 3] = [None; 3];
-    let mut busy = [ranks > 0; 3];
-    let mut recheck = u64::MAX;
-    for r in 0..ranks {
-        recheck = recheck.min(load.next_expiry(r, &w.cfg, now, staleness));
-        let l = load.effective(r, &w.cfg, now, staleness);
-        permille = permille.max(load_permille(&l));
-        for c in Class::ALL {
-            let (i, latch) = (c.index(), rule.latches.get(c, member.id, r));
-            match rank_why(&by_class[i], &l, latch) {
-                None => busy[i] = false,
-                Some(y) if why[i].is_none_or(|w| y.excess() < w.excess()) => why[i] = Some(y),
-                Some(_) => {}
-            }
-        }
-    }
-    let i = member.id as usize;
-    if rule.recheck.len() <= i {
-        rule.recheck.resize(i + 1, 0);
-    }
-    rule.recheck[i] = recheck;
-    let before = compare.then(|| out.member(member.id));
-    if compare {
-        out.clear_member(member.id);
-    }
-    for c in Class::ALL.into_iter().filter(|c| busy[c.index()]) {
-        out.set_busy(c, member.id, why[c.index()]);
-    }
-    out.set_load(member.id, permille);
-    before.is_some_and(|b| out.member(member.id) != b)
-}
-
-/// The fullest known signal of a rank, in permille of its capacity (for least-loaded).
-pub fn load_permille(l: &RankLoad) -> u16 {
-    let used = max_opt([l.kv_used_blocks, l.active_decode_blocks]);
-    let decode = match (used, l.kv_total_blocks) {
-        (Some(u), Some(t)) if t > 0 => u.saturating_mul(1000) / t,
-        _ => 0,
-    };
-    let prefill = match (l.active_prefill_tokens, l.max_num_batched_tokens) {
-        (Some(p), Some(m)) if m > 0 => p.saturating_mul(1000) / m,
-        _ => 0,
-    };
-    decode.max(prefill).min(1000) as u16
-}
+pub use super::evaluate::{
+    Latches, Rule, evaluate, evaluate_due, evaluate_slots, load_permille, members_by_slot,
+};
 
 #[cfg(test)]
 mod tests {
+    use super::super::adaptive::Adaptivity;
     use super::*;
     use crate::config::{Config, Overrides};
+    use crate::shed::{Class, Thresholds};
+    use crate::state::BusySet;
 
     fn snap(extra: &str) -> Snapshot {
         let text = format!(

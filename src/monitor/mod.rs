@@ -6,6 +6,7 @@
 mod adaptive;
 mod control;
 mod discover;
+mod evaluate;
 mod fanout;
 mod fleet;
 pub mod load;

@@ -36,6 +36,6 @@ pub use proxy::{
 pub use rng::{Rng, seed};
 pub use upstream::{
     Held, Reply, SSE_HEAD, Seen, Step, Upstream, chunk, echo_upstream, json_response, upstream,
-    upstream_at,
+    upstream_at, upstream_on,
 };
 pub use wait::eventually;

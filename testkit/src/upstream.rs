@@ -126,7 +126,22 @@ pub fn upstream(handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static) -> Ups
 
 /// [`upstream`] on another loopback address (`127.0.0.2`, ...), as a second node's.
 pub fn upstream_at(ip: &str, handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static) -> Upstream {
-    let listener = TcpListener::bind((ip, 0)).unwrap();
+    serve_on(TcpListener::bind((ip, 0)).unwrap(), handler)
+}
+
+/// [`upstream`] at exactly `addr` (workers that share a port on several addresses, as
+/// DNS A records give them); `None` when it is taken.
+pub fn upstream_on(
+    addr: SocketAddr,
+    handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static,
+) -> Option<Upstream> {
+    TcpListener::bind(addr).ok().map(|l| serve_on(l, handler))
+}
+
+fn serve_on(
+    listener: TcpListener,
+    handler: impl Fn(&Seen) -> Reply + Send + Sync + 'static,
+) -> Upstream {
     let addr = listener.local_addr().unwrap();
     let state = Arc::new(UpstreamState::default());
     let stop = Arc::new(AtomicBool::new(false));
