@@ -20,7 +20,8 @@
 //! Reported: the monitor thread's CPU (utime+stime of `spillway-monitor`), messages and
 //! events per second received, generations built per second, join latency, and publish →
 //! visible percentiles. `cargo bench --bench fleet_scale`; `SPILLWAY_BENCH_WORKERS`
-//! (default 4096) and `SPILLWAY_BENCH_SECS` (default 20). Without `--bench`
+//! (default 4096), `SPILLWAY_BENCH_SECS` (default 20) and `SPILLWAY_BENCH_CHURN_PCT`
+//! (percent of the workers leaving per second, default 1; 0 for none). Without `--bench`
 //! (`cargo test --benches`) a short smoke run with 128 workers.
 #![allow(clippy::disallowed_methods)] // a benchmark times itself
 
@@ -123,16 +124,15 @@ fn publisher(addr: SocketAddr, workers: usize, stop: Arc<AtomicBool>) -> JoinHan
     })
 }
 
-/// Deletes 1 % of the keys every second and puts back last second's; returns how long
+/// Deletes `per_s` keys every second and puts back last second's; returns how long
 /// each batch of re-added workers took to be in the running generation.
 fn churn(
     etcd: Arc<Etcd>,
     handle: Arc<ServerHandle>,
-    workers: usize,
+    (workers, per_s): (usize, usize),
     stop: Arc<AtomicBool>,
 ) -> JoinHandle<(usize, Vec<Duration>)> {
     std::thread::spawn(move || {
-        let per_s = (workers / 100).max(1);
         let (mut cursor, mut out, mut joins, mut changed) = (1usize, Vec::new(), Vec::new(), 0);
         while !stop.load(Ordering::SeqCst) {
             let second = Instant::now();
@@ -141,7 +141,7 @@ fn churn(
             for &i in &back {
                 etcd.put(&key(i), &value(i), 0);
             }
-            for _ in 0..per_s {
+            for _ in 0..per_s.min(workers - 1) {
                 cursor = if cursor + 1 >= workers { 1 } else { cursor + 1 };
                 etcd.delete(&key(cursor));
                 out.push(cursor);
@@ -241,6 +241,7 @@ fn main() {
     let bench = std::env::args().any(|a| a == "--bench");
     let workers: usize = env("SPILLWAY_BENCH_WORKERS").unwrap_or(if bench { 4096 } else { 128 });
     let secs: u64 = env("SPILLWAY_BENCH_SECS").unwrap_or(if bench { 20 } else { 2 });
+    let churn_pct: usize = env("SPILLWAY_BENCH_CHURN_PCT").unwrap_or(1);
     let (Some(etcd), Some(nats)) = (Etcd::start(), Nats::start()) else {
         return;
     };
@@ -283,7 +284,8 @@ fn main() {
         handle.shared.snapshot.load().generation,
         Instant::now(),
     );
-    let churning = churn(etcd.clone(), handle.clone(), workers, stop.clone());
+    let per_s = workers * churn_pct / 100;
+    let churning = churn(etcd.clone(), handle.clone(), (workers, per_s), stop.clone());
     let probing = probe(nats.addr(), handle.clone(), stop.clone());
     std::thread::sleep(Duration::from_secs(secs));
     let (c1, r1, g1, wall) = (

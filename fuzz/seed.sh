@@ -192,4 +192,14 @@ put scrape vllm '# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 per
 put scrape sglang 'sglang:token_usage{dp_rank="0"} 0.5\nsglang:token_usage{dp_rank="1"} +Inf\nsglang:max_total_num_tokens{dp_rank="1"} 32000\nsglang:num_running_reqs{dp_rank="0"} 3\nsglang:num_queue_reqs 1e3\n'
 put scrape llamacpp 'llamacpp:kv_cache_usage_ratio 0.3\nllamacpp:requests_processing 1\nllamacpp:requests_deferred\t4\n'
 
+# --- NATS server operations: src/fleet/nats/proto/tests.rs ----------------------------
+# Control bytes as for the stream targets; a second byte with its top bit set ("\xa0")
+# picks the tiny payload bound.
+put nats_proto 01 'A0INFO {"server_id":"x","max_payload":1048576,"headers":true}\r\n+OK\r\nPING\r\n'
+put nats_proto 02 'E0MSG load.a 1 5\r\nhello\r\nMSG load.b.c 1 _INBOX.7 0\r\n\r\nPONG\r\n'
+put nats_proto 03 'F0-ERR \x27Stale Connection\x27\r\nping\r\nmsg x 2 2\r\n\r\n\r\n'
+put nats_proto 04 'A\xa0MSG a 1 40\r\n0123456789012345678901234567890123456789\r\n'
+put nats_proto 05 '@0HMSG a 1 10 12\r\nNATS/1.0\r\n\r\nhi\r\n'
+put nats_proto 06 'C0MSG a 99999999999999999999 1\r\nx\r\nPING\n'
+
 echo "$(ls "$C"/*/seed-* | wc -l) seeds, $(cat "$C"/*/seed-* | wc -c) bytes"

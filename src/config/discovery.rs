@@ -339,7 +339,9 @@ impl Validator<'_> {
             port: 1,
         };
         let default = FileWorker::default();
-        let template = self.worker_at(t.unwrap_or(&default), placeholder, o, &tkey)?;
+        let mut template = self.worker_at(t.unwrap_or(&default), placeholder, o, &tkey)?;
+        // What `check-config` shows for the fields each found worker fills in.
+        (template.name, template.url) = ("(found)".into(), "(found)".into());
         Ok(Some(Discovery { source, template }))
     }
 
