@@ -9,7 +9,9 @@
 //! Spillway in-process (1 data core, threads unpinned) with that prefix as its `etcd`
 //! source and `bench.load.>` as its NATS subscription. While measuring:
 //! - a publisher sends, every 50 ms, one NATS message per worker carrying its 8 rank
-//!   events (a `POST /load` array; values vary per tick, about one worker in five busy);
+//!   events (a `POST /load` array; values vary per tick, about one worker in five busy),
+//!   spread over the tick in 25 parts 2 ms apart as independent engines' reports are
+//!   (`SPILLWAY_BENCH_BURSTS=1`: all of a tick's messages in one write);
 //! - a churn thread deletes 1 % of the keys every second and puts back the ones it deleted
 //!   the second before, timing how long until the re-added workers are in the running
 //!   generation;
@@ -45,6 +47,9 @@ use spillway_testkit::{metric_value, metrics, proxy};
 const DP: u32 = 8;
 const TICK: Duration = Duration::from_millis(50);
 const VARIANTS: u64 = 4;
+/// A tick's messages go out in this many parts, `SLICE` apart.
+const SLICES: usize = 25;
+const SLICE: Duration = Duration::from_millis(2);
 const PROBE_EVERY: Duration = Duration::from_millis(100);
 const PREFIX: &str = "/bench/w/";
 
@@ -97,14 +102,28 @@ fn nats_conn(addr: SocketAddr) -> TcpStream {
 }
 
 /// Every worker but the probe, every tick, one of `VARIANTS` prepared ticks.
-fn publisher(addr: SocketAddr, workers: usize, stop: Arc<AtomicBool>) -> JoinHandle<(u64, u64)> {
-    let ticks: Vec<Vec<u8>> = (0..VARIANTS)
+fn publisher(
+    addr: SocketAddr,
+    (workers, bursts): (usize, bool),
+    stop: Arc<AtomicBool>,
+) -> JoinHandle<(u64, u64)> {
+    // Each tick in SLICES parts (whole messages), sent SLICE apart: workers whose
+    // reports are spread over the tick, as engines' are; with `bursts`, one write per tick.
+    let slices = if bursts { 1 } else { SLICES };
+    let ticks: Vec<Vec<Vec<u8>>> = (0..VARIANTS)
         .map(|v| {
-            let mut out = Vec::new();
-            for w in 1..workers {
-                pub_line(&mut out, w, |r| fleet::rank_values(v, w, r));
-            }
-            out
+            let per = (workers - 1).div_ceil(slices).max(1);
+            (1..workers)
+                .collect::<Vec<_>>()
+                .chunks(per)
+                .map(|ws| {
+                    let mut out = Vec::new();
+                    for &w in ws {
+                        pub_line(&mut out, w, |r| fleet::rank_values(v, w, r));
+                    }
+                    out
+                })
+                .collect()
         })
         .collect();
     std::thread::spawn(move || {
@@ -112,10 +131,15 @@ fn publisher(addr: SocketAddr, workers: usize, stop: Arc<AtomicBool>) -> JoinHan
         let (mut sent, mut late) = (0u64, 0u64);
         let start = Instant::now();
         while !stop.load(Ordering::SeqCst) {
-            s.write_all(&ticks[(sent % VARIANTS) as usize]).unwrap();
+            let tick = start + TICK * sent as u32;
+            for (i, part) in ticks[(sent % VARIANTS) as usize].iter().enumerate() {
+                if let Some(d) = (tick + SLICE * i as u32).checked_duration_since(Instant::now()) {
+                    std::thread::sleep(d);
+                }
+                s.write_all(part).unwrap();
+            }
             sent += 1;
-            let next = start + TICK * sent as u32;
-            match next.checked_duration_since(Instant::now()) {
+            match (start + TICK * sent as u32).checked_duration_since(Instant::now()) {
                 Some(d) => std::thread::sleep(d),
                 None => late += 1,
             }
@@ -276,7 +300,8 @@ fn main() {
     let tid = fleet::monitor_tid();
 
     let stop = Arc::new(AtomicBool::new(false));
-    let publishing = publisher(nats.addr(), workers, stop.clone());
+    let bursts = std::env::var_os("SPILLWAY_BENCH_BURSTS").is_some();
+    let publishing = publisher(nats.addr(), (workers, bursts), stop.clone());
     std::thread::sleep(Duration::from_secs(1)); // the subscription's first ticks
     let (c0, r0, g0, w0) = (
         fleet::thread_cpu(tid, ticks_per_sec),
@@ -307,7 +332,8 @@ fn main() {
     );
     println!("|---|---|---|---:|---:|---:|---:|---:|---:|---|---|---:|");
     println!(
-        "| {workers} × {DP} | 20 Hz, 1 message per worker | {:.0} changes/s | {:.1} | {:.1} | {:.0} | {:.0} | {:.0} | {:.1} | {} / {} | {} / {} / {} ({}) | {late} of {ticks} |",
+        "| {workers} × {DP} | 20 Hz, 1 message per worker{} | {:.0} changes/s | {:.1} | {:.1} | {:.0} | {:.0} | {:.0} | {:.1} | {} / {} | {} / {} / {} ({}) | {late} of {ticks} |",
+        if bursts { ", all at once" } else { ", spread" },
         changed as f64 / wall,
         (c1.0 - c0.0) / wall * 100.0,
         (c1.1 - c0.1) / wall * 100.0,

@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use super::Control;
 use crate::config::{Addrs, Config, DiscoverySource, Found, NatsConfig};
+use crate::runtime::clock;
 
 /// Found workers are folded into a new generation at most this often.
 pub const BUILD_INTERVAL_MS: u64 = 100;
@@ -189,6 +190,7 @@ impl Control {
         self.republish();
         tracing::info!(
             generation = snap.generation,
+            build_ms = clock::now_ms().saturating_sub(now),
             workers_before = before,
             workers = snap.workers.len(),
             found = ?self.fleet.sources.keys().map(|m| (m.as_str(), self.fleet.members(m))).collect::<Vec<_>>(),
