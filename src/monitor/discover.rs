@@ -22,6 +22,9 @@ const ETCD_TIMEOUT: Duration = Duration::from_secs(5);
 /// Wait after a failed etcd session, doubled up to the maximum.
 const ETCD_BACKOFF: Duration = Duration::from_millis(500);
 const ETCD_BACKOFF_MAX: Duration = Duration::from_secs(5);
+/// A watch's changes are reported at most this often (the generation is built at most
+/// every `BUILD_INTERVAL_MS` anyway).
+const REPORT_INTERVAL_MS: u64 = 50;
 /// How often a task blocked on a watch checks whether it is still current.
 const STALE_CHECK: Duration = Duration::from_millis(500);
 
@@ -217,10 +220,26 @@ async fn etcd_session(
         .await
         .map_err(|e| e.to_string())?;
     *backoff = ETCD_BACKOFF;
+    // When the members changed without being reported yet: changes are reported at most
+    // every REPORT_INTERVAL_MS, so a burst of events costs one report, not one each.
+    let mut changed_at: Option<u64> = None;
     loop {
-        let events = monoio::select! {
-            r = watch.next() => r.map_err(|e| e.to_string())?,
-            _ = stale(control, model, epoch) => return Ok(()),
+        // One `next()` kept across the inner loop: dropping it mid-read breaks the watch.
+        let mut next = std::pin::pin!(watch.next());
+        let events = loop {
+            let wait = changed_at
+                .map(|t| REPORT_INTERVAL_MS.saturating_sub(clock::now_ms().saturating_sub(t)));
+            monoio::select! {
+                r = &mut next => break r.map_err(|e| e.to_string())?,
+                _ = monoio::time::sleep(Duration::from_millis(wait.unwrap_or(0))), if wait.is_some() => {
+                    changed_at = None;
+                    let members = members.values().cloned().collect();
+                    if !report(control, model, epoch, Ok(members)) {
+                        return Ok(());
+                    }
+                }
+                _ = stale(control, model, epoch) => return Ok(()),
+            }
         };
         for event in events {
             match event {
@@ -230,14 +249,7 @@ async fn etcd_session(
                 }
             }
         }
-        if !report(
-            control,
-            model,
-            epoch,
-            Ok(members.values().cloned().collect()),
-        ) {
-            return Ok(());
-        }
+        changed_at.get_or_insert(clock::now_ms());
     }
 }
 
