@@ -13,7 +13,7 @@ use super::Control;
 use crate::config::{DiscoverySource, Found, HostPort};
 use crate::fleet::{dns, etcd};
 use crate::runtime::clock;
-use crate::runtime::resolve::lookup;
+use crate::runtime::resolve::lookup_off_loop;
 
 /// A DNS lookup's time limit (with its one retry).
 const DNS_TIMEOUT: Duration = Duration::from_secs(2);
@@ -72,18 +72,6 @@ fn current(control: &Shared, model: &str, epoch: u64) -> bool {
 
 fn report(control: &Shared, model: &str, epoch: u64, result: Result<Members, String>) -> bool {
     control.borrow_mut().fleet.update(model, epoch, result)
-}
-
-/// Resolves off the loop unless the host is an IP literal.
-async fn resolve(hp: &HostPort) -> Result<SocketAddr, String> {
-    if let Some(a) = hp.literal() {
-        return Ok(a);
-    }
-    let hp = hp.clone();
-    match monoio::spawn_blocking(move || lookup(&hp)).await {
-        Ok(r) => r.map_err(|e| e.to_string()),
-        Err(_) => Err("name resolution was cancelled".into()),
-    }
 }
 
 async fn dns_source(
@@ -160,7 +148,7 @@ async fn etcd_source(
             return;
         }
         let endpoint = &endpoints[n % endpoints.len()];
-        let session = match resolve(endpoint).await {
+        let session = match lookup_off_loop(endpoint).await.map_err(|e| e.to_string()) {
             Ok(addr) => {
                 etcd_session(
                     &control,
@@ -263,7 +251,10 @@ async fn put(members: &mut BTreeMap<String, (Found, SocketAddr)>, prefix: &str, 
             return tracing::warn!(error = %e, "etcd worker entry ignored");
         }
     };
-    match resolve(&found.endpoint).await {
+    match lookup_off_loop(&found.endpoint)
+        .await
+        .map_err(|e| e.to_string())
+    {
         Ok(addr) => {
             members.insert(kv.key.clone(), (found, addr));
         }

@@ -9,7 +9,6 @@
 //! door sees a node edge.
 
 use std::cell::RefCell;
-use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::Duration;
 
@@ -20,7 +19,7 @@ use super::load::parse_events;
 use crate::config::{HostPort, NatsConfig};
 use crate::fleet::nats::{Publisher, Subscriber};
 use crate::runtime::clock;
-use crate::runtime::resolve::lookup;
+use crate::runtime::resolve::lookup_off_loop;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 const BACKOFF: Duration = Duration::from_millis(500);
@@ -160,17 +159,6 @@ async fn stale(control: &Shared, epoch: u64) {
     }
 }
 
-async fn resolve(hp: &HostPort) -> Result<SocketAddr, String> {
-    if let Some(a) = hp.literal() {
-        return Ok(a);
-    }
-    let hp = hp.clone();
-    match monoio::spawn_blocking(move || lookup(&hp)).await {
-        Ok(r) => r.map_err(|e| e.to_string()),
-        Err(_) => Err("name resolution was cancelled".into()),
-    }
-}
-
 /// Logs and counts a failed session, once per outage.
 fn failed(control: &Shared, epoch: u64, role: &str, was_up: bool, e: &str) {
     let mut c = control.borrow_mut();
@@ -188,7 +176,7 @@ async fn subscribe(control: Shared, epoch: u64, server: HostPort, subject: Strin
     let mut backoff = BACKOFF;
     while current(&control, epoch) {
         let session = async {
-            let addr = resolve(&server).await?;
+            let addr = lookup_off_loop(&server).await.map_err(|e| e.to_string())?;
             let mut sub = Subscriber::connect(addr, CLIENT_NAME, &subject, CONNECT_TIMEOUT)
                 .await
                 .map_err(|e| e.to_string())?;
@@ -226,7 +214,9 @@ async fn publish(control: Shared, epoch: u64, cfg: NatsConfig, subject: String) 
     let mut backoff = BACKOFF;
     while current(&control, epoch) {
         let session = async {
-            let addr = resolve(&cfg.server).await?;
+            let addr = lookup_off_loop(&cfg.server)
+                .await
+                .map_err(|e| e.to_string())?;
             let mut p = Publisher::connect(addr, CLIENT_NAME, CONNECT_TIMEOUT)
                 .await
                 .map_err(|e| e.to_string())?;

@@ -31,6 +31,22 @@ pub fn lookup(hp: &HostPort) -> Result<SocketAddr, ResolveError> {
         .ok_or_else(|| err("no address".to_string()))
 }
 
+/// [`lookup`] from a runtime's loop: IP literals at once, names on the runtime's blocking
+/// pool (never blocking the loop).
+pub async fn lookup_off_loop(hp: &HostPort) -> Result<SocketAddr, ResolveError> {
+    if let Some(a) = hp.literal() {
+        return Ok(a);
+    }
+    let owned = hp.clone();
+    match monoio::spawn_blocking(move || lookup(&owned)).await {
+        Ok(r) => r,
+        Err(_) => Err(ResolveError {
+            host: hp.host.clone(),
+            reason: "name resolution was cancelled".into(),
+        }),
+    }
+}
+
 /// Every address of `config` (listeners, workers, metrics endpoints).
 pub fn resolve(config: &Config) -> Result<Addrs, ResolveError> {
     Addrs::with(config, lookup)
