@@ -1,7 +1,8 @@
 //! `POST /load` as the admin handler runs it, on arbitrary bytes: `parse_events`, then
 //! the batch pushed into a load table of a two-model, three-worker fleet (one worker with
 //! two data-parallel ranks) and the busy set evaluated. A batch is applied whole or not
-//! at all, and a worker never holds more ranks than a configured one may.
+//! at all, a worker never holds more ranks than a configured one may, and the monitor
+//! tick's partial pass always agrees with a full pass.
 #![no_main]
 
 use std::collections::HashMap;
@@ -10,7 +11,9 @@ use std::sync::OnceLock;
 use libfuzzer_sys::fuzz_target;
 use spillway::http::limits::MAX_DP_SIZE;
 use spillway::monitor::Adaptivity;
-use spillway::monitor::load::{Latches, LoadTable, PushError, evaluate, parse_events};
+use spillway::monitor::load::{
+    Latches, LoadTable, PushError, Rule, evaluate, evaluate_due, parse_events,
+};
 use spillway::shed::Thresholds;
 use spillway::state::{BusySet, Snapshot};
 use spillway::{Config, Overrides};
@@ -82,17 +85,32 @@ fuzz_target!(|body: &[u8]| {
         .iter()
         .map(|m| (m.name.clone(), m.thresholds))
         .collect();
+    // A full pass at `now`, then the tick's partial passes: each must agree with a full
+    // pass at the same instant (the tick evaluates only entries that can change by
+    // themselves).
     let mut latches = Latches::default();
-    let mut out = BusySet::default();
-    for at in [now, now + 500, now + 5_000] {
-        evaluate(
-            snap,
-            &table,
-            &thresholds,
-            &Adaptivity::default(),
-            &mut latches,
-            at,
-            &mut out,
-        );
+    let mut recheck = Vec::new();
+    let adaptivity = Adaptivity::default();
+    let mut set = BusySet::default();
+    let t = (&thresholds, &adaptivity);
+    evaluate(snap, &table, rule(t, &mut latches, &mut recheck), now, &mut set);
+    for at in [now + 500, now + 999, now + 1_000, now + 5_000] {
+        evaluate_due(snap, &table, rule(t, &mut latches, &mut recheck), at, &mut set);
+        let (mut l, mut r, mut full) = (Latches::default(), Vec::new(), BusySet::default());
+        evaluate(snap, &table, rule(t, &mut l, &mut r), at, &mut full);
+        assert!(set == full, "the tick's pass disagrees with a full pass at {at}");
     }
 });
+
+fn rule<'a>(
+    (thresholds, adaptivity): (&'a HashMap<String, Thresholds>, &'a Adaptivity),
+    latches: &'a mut Latches,
+    recheck: &'a mut Vec<u64>,
+) -> Rule<'a> {
+    Rule {
+        thresholds,
+        adaptivity,
+        latches,
+        recheck,
+    }
+}
