@@ -78,18 +78,19 @@ impl Control {
         }
     }
 
-    /// Publishes what the messages applied since the last call changed, for their
-    /// workers only (the next tick re-evaluates everyone).
+    /// Publishes what the messages applied since the last call changed, evaluating their
+    /// workers' members only.
     pub fn flush_nats(&mut self) {
         if self.fleet.nats.touched.is_empty() {
             return;
         }
         let snap = self.shared.snapshot.load_full();
-        let touched = std::mem::take(&mut self.fleet.nats.touched);
+        let mut touched = std::mem::take(&mut self.fleet.nats.touched);
         self.monitor
             .publish_slots(&self.shared, &snap, clock::now_ms(), &touched);
+        touched.clear();
+        // Kept for its storage.
         self.fleet.nats.touched = touched;
-        self.fleet.nats.touched.clear();
     }
 
     /// This Spillway's workers' effective load, as a `POST /load` array.
