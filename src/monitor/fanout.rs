@@ -2,9 +2,9 @@
 //! (one event or an array); events for workers this Spillway has are applied as pushed
 //! load, others are counted and skipped (one subject carries a whole fleet's load). Once
 //! the messages of one read are applied, the busy set is evaluated again for their
-//! workers only and published at once if it changed (the monitor's tick still
-//! re-evaluates everyone). Publishing, every interval this Spillway's
-//! workers' effective load goes out as one array: each worker as itself, or (with
+//! workers only and published at once if it changed (the tick catches such load when it
+//! turns stale). Publishing, every interval this Spillway's workers' effective load goes
+//! out as one array: each worker as itself, or (with
 //! `publish_as`) as one worker whose ranks are all its workers' ranks, the way a front
 //! door sees a node edge.
 
