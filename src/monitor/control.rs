@@ -13,7 +13,7 @@ use super::fleet::Fleet;
 use crate::config::{Addrs, Config, ConfigError, ConfigSource, Overrides};
 use crate::runtime::clock;
 use crate::runtime::resolve::{ResolveError, resolve};
-use crate::state::{Registry, Shared};
+use crate::state::{Registry, Shared, Snapshot};
 
 /// Control-thread state shared by the monitor tasks and admin handlers.
 #[derive(Debug)]
@@ -153,21 +153,24 @@ impl Control {
 
     /// Re-evaluates and publishes now (after a push, a threshold change, a scrape).
     pub fn republish(&mut self) -> bool {
-        let snap = self.shared.snapshot.load_full();
-        let now = clock::now_ms();
-        self.monitor.refresh_tracked(&snap, now);
-        self.monitor.adaptivity.step(&snap, now);
+        let (snap, now) = self.fold_in();
         self.monitor.publish(&self.shared, &snap, now)
     }
 
-    /// The monitor's tick: folds tracked load in, steps the adaptive mode, and publishes
-    /// what changed by itself since the last evaluation ([`Monitor::publish_due`]).
+    /// The monitor's tick: publishes what changed by itself since the last evaluation
+    /// ([`Monitor::publish_due`]).
     pub fn tick(&mut self) -> bool {
+        let (snap, now) = self.fold_in();
+        self.monitor.publish_due(&self.shared, &snap, now)
+    }
+
+    /// Before an evaluation: folds tracked load in and steps the adaptive mode.
+    fn fold_in(&mut self) -> (Arc<Snapshot>, u64) {
         let snap = self.shared.snapshot.load_full();
         let now = clock::now_ms();
         self.monitor.refresh_tracked(&snap, now);
         self.monitor.adaptivity.step(&snap, now);
-        self.monitor.publish_due(&self.shared, &snap, now)
+        (snap, now)
     }
 
     /// Commits a loaded configuration: refuses changes that need a restart, builds the

@@ -5,7 +5,6 @@
 use std::net::{IpAddr, SocketAddr, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use spillway::fleet::dns::{
@@ -78,13 +77,7 @@ impl Dnsmasq {
             skip_missing_tool("dnsmasq", format!("{DNSMASQ} is missing"));
             return None;
         }
-        static N: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "spillway-dnsmasq-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::tools::scratch_dir("dnsmasq");
         write_hosts(&dir, &records.hosts);
         let mut last = String::new();
         // A free port can be taken between the probe and dnsmasq's bind: try again.

@@ -5,7 +5,6 @@ use std::io::{BufRead, BufReader, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::tools::skip_missing_tool;
@@ -33,13 +32,7 @@ impl Nats {
             skip_missing_tool("nats-server", format!("{NATS_SERVER} is missing"));
             return None;
         }
-        static N: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "spillway-nats-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::tools::scratch_dir("nats");
         std::fs::write(dir.join("nats.conf"), config).unwrap();
         let mut nats = Nats {
             child: None,

@@ -1,7 +1,6 @@
 //! Spillway started in-process: listeners on port 0, threads unpinned.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 pub use spillway::ServerHandle;
 use spillway::{Config, ConfigSource, Overrides};
@@ -66,13 +65,7 @@ pub struct ConfigFile {
 impl ConfigFile {
     /// Writes `text` to a new file.
     pub fn new(text: &str) -> ConfigFile {
-        static N: AtomicU64 = AtomicU64::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "spillway-test-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = crate::tools::scratch_dir("test");
         let path = dir.join("spillway.toml");
         std::fs::write(&path, text).unwrap();
         ConfigFile { path, dir }

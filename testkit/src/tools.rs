@@ -24,6 +24,20 @@ pub fn skip_missing_tool(tool: &str, why: impl Display) {
     eprintln!("skipping: {tool} is not available ({why})");
 }
 
+/// A new empty directory under the system's temp dir, named `spillway-<what>-<pid>-<n>`
+/// (unique within the process); the caller removes it.
+pub fn scratch_dir(what: &str) -> std::path::PathBuf {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "spillway-{what}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
 #[cfg(test)]
 mod tests {
     use super::says_ci;
