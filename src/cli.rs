@@ -173,6 +173,14 @@ pub struct Knobs {
     /// compatibility; KV events are never used) [env: DYN_ROUTER_USE_KV_EVENTS=false].
     #[arg(long, global = true)]
     pub no_router_kv_events: bool,
+    /// TLS on the data listener: certificate chain (PEM), when the file's `[tls]` sets no
+    /// `cert` [env: DYN_TLS_CERT_PATH].
+    #[arg(long, global = true)]
+    pub tls_cert_path: Option<String>,
+    /// TLS on the data listener: private key (PEM), when the file's `[tls]` sets no `key`
+    /// [env: DYN_TLS_KEY_PATH].
+    #[arg(long, global = true)]
+    pub tls_key_path: Option<String>,
 }
 
 fn parse_router_mode(s: &str) -> Result<RouterMode, String> {
@@ -214,6 +222,10 @@ where
     T::Err: std::fmt::Display,
 {
     v.parse().map_err(|e: T::Err| e.to_string())
+}
+
+fn text(v: &str) -> Result<String, String> {
+    Ok(v.to_string())
 }
 
 impl Knobs {
@@ -261,6 +273,8 @@ impl Knobs {
             request_queue_limit: knob(None, "DYN_DYNAMO_REQUEST_QUEUE_LIMIT", env, number)?,
             migration_limit: knob(self.migration_limit, "DYN_MIGRATION_LIMIT", env, number)?,
             admin_token_env: env("SPILLWAY_ADMIN_TOKEN"),
+            tls_cert_path: knob(self.tls_cert_path.clone(), "DYN_TLS_CERT_PATH", env, text)?,
+            tls_key_path: knob(self.tls_key_path.clone(), "DYN_TLS_KEY_PATH", env, text)?,
         })
     }
 

@@ -4,7 +4,8 @@
 //! `tests/architecture.rs`, drawn in ARCHITECTURE.md):
 //! 1. decision code, pure: [`http`] (sans-io codec), [`shed`] (busy rule), [`admission`]
 //!    (engine slots and queue), [`route`] (model scan, router modes);
-//! 2. [`config`]: the file and its validation;
+//! 2. [`config`]: the file and its validation; [`tls`]: rustls configurations from it, and
+//!    the record layer that takes over after each handshake;
 //! 3. [`state`]: what the threads share (snapshot, busy set, per-worker atomics, counters);
 //! 4. [`runtime`]: runtimes, CPU placement, listeners, the clock, the client read slot,
 //!    name resolution;
@@ -21,6 +22,8 @@ pub mod route;
 pub mod shed;
 
 pub mod config;
+
+pub mod tls;
 
 pub mod state;
 

@@ -146,3 +146,57 @@ fn kv_routing_allocates_nothing() {
     let n = allocations_per_steady_run(3, kv, &requests);
     assert_eq!(n, 0, "{n} heap allocations over 5,000 kv-routed requests");
 }
+
+/// The same over TLS: a kept-alive session's requests are opened and its responses sealed
+/// in place, so the steady state still allocates nothing. The client is a Python process
+/// (its allocations are not this process's).
+#[test]
+fn steady_state_over_tls_allocates_nothing() {
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+    let python = std::env::var("SPILLWAY_PYTHON").unwrap_or_else(|_| "python3".into());
+    if Command::new(&python).arg("--version").output().is_err() {
+        spillway_testkit::tools::skip_missing_tool(
+            "python3",
+            format_args!("`{python}` is missing"),
+        );
+        return;
+    }
+    let _one_at_a_time = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
+    let pki = spillway_testkit::tls::Pki::new(&spillway_testkit::tools::scratch_dir("alloc-tls"));
+    let toml = format!(
+        "[limits]\nbuffer_release_ms = 600000\n[tls]\ncert = \"{}\"\nkey = \"{}\"\n{}",
+        pki.cert.display(),
+        pki.key.display(),
+        model("m", "", &[worker()])
+    );
+    let p = proxy(1, &toml);
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tls_client.py");
+    let mut child = Command::new(&python)
+        .arg(script)
+        .arg(p.data_addr.ip().to_string())
+        .arg(p.data_addr.port().to_string())
+        .arg(&pki.ca)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let hex: String = REQUEST.iter().map(|b| format!("{b:02x}")).collect();
+    writeln!(stdin, "{hex}").unwrap();
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line.trim(), "warm", "the TLS client failed");
+    let before = allocations();
+    writeln!(stdin, "go").unwrap();
+    line.clear();
+    stdout.read_line(&mut line).unwrap();
+    let n = allocations() - before;
+    assert_eq!(line.trim(), "done", "the TLS client failed");
+    assert!(child.wait().unwrap().success());
+    assert_eq!(
+        n, 0,
+        "{n} heap allocations over 5,000 requests on one TLS session"
+    );
+}

@@ -15,7 +15,8 @@ const ORDER: &[&str] = &[
     "shed",
     "admission",
     "route",   // the file and its validation
-    "config",  // shared state
+    "config",  // rustls material, the record layer
+    "tls",     // shared state
     "state",   // threads, rings, listeners, clock
     "runtime", // clients of DNS, etcd, NATS
     "fleet",   // what runs on the runtime

@@ -123,6 +123,8 @@ pub fn parse_http_url(url: &str) -> Result<HostPort, String> {
 pub struct Addrs {
     pub listen: SocketAddr,
     pub admin_listen: SocketAddr,
+    /// `tls.listen`, the TLS listener beside the plain one.
+    pub tls_listen: Option<SocketAddr>,
     pub workers: Vec<WorkerAddrs>,
 }
 
@@ -151,9 +153,14 @@ impl Addrs {
                 metrics: lookup(&w.metrics)?,
             });
         }
+        let tls_listen = match config.tls.listener.as_ref().and_then(|l| l.listen.as_ref()) {
+            Some(hp) => Some(lookup(hp)?),
+            None => None,
+        };
         Ok(Addrs {
             listen: lookup(&config.listen)?,
             admin_listen: lookup(&config.admin_listen)?,
+            tls_listen,
             workers,
         })
     }

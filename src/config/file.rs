@@ -28,8 +28,21 @@ pub struct FileConfig {
     #[serde(default)]
     pub classes: FileClasses,
     pub nats: Option<FileNats>,
+    pub tls: Option<FileTls>,
     #[serde(default)]
     pub models: Vec<FileModel>,
+}
+
+/// `[tls]`: the TLS listener's certificate, client certificates, the workers' CA.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileTls {
+    pub listen: Option<Spanned<String>>,
+    pub cert: Option<Spanned<String>>,
+    pub key: Option<Spanned<String>>,
+    pub client_ca: Option<Spanned<String>>,
+    pub handshake_timeout_ms: Option<Spanned<u64>>,
+    pub upstream_ca: Option<Spanned<String>>,
 }
 
 /// `[nats]`: load events over NATS, received and/or published.

@@ -8,6 +8,7 @@ mod classes;
 mod discovery;
 pub mod file;
 mod kv;
+mod tls;
 mod validate;
 mod workers;
 
@@ -25,6 +26,7 @@ pub use discovery::{
 };
 use file::FileConfig;
 pub use kv::{KV_EVENTS, KvOverrides, MAX_KV_BLOCK_SIZE, check_overrides as check_kv_overrides};
+pub use tls::{DEFAULT_HANDSHAKE_TIMEOUT_MS, TlsConfig, TlsListener};
 
 /// The documented example (tuning/spillway.toml), kept valid by the tests.
 pub const EXAMPLE_CONFIG: &str = include_str!("../../tuning/spillway.toml");
@@ -92,6 +94,10 @@ pub struct Overrides {
     pub migration_limit: Option<u32>,
     /// `SPILLWAY_ADMIN_TOKEN`; overrides `admin_token` in the file.
     pub admin_token_env: Option<String>,
+    /// `--tls-cert-path` / `DYN_TLS_CERT_PATH`: `tls.cert` when the file sets none.
+    pub tls_cert_path: Option<String>,
+    /// `--tls-key-path` / `DYN_TLS_KEY_PATH`: `tls.key` when the file sets none.
+    pub tls_key_path: Option<String>,
 }
 
 /// Where the configuration comes from, kept for reloads.
@@ -137,6 +143,8 @@ pub struct Config {
     pub classes: Classes,
     /// Load events over NATS (`[nats]`).
     pub nats: Option<NatsConfig>,
+    /// `[tls]`: the TLS listener, the workers' CA.
+    pub tls: TlsConfig,
     pub models: Vec<ModelConfig>,
     /// Every distinct worker, by name; models refer to them by index.
     pub workers: Vec<WorkerConfig>,

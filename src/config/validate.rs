@@ -103,6 +103,7 @@ impl<'a> Validator<'a> {
             limits: self.limits(&f.limits)?,
             classes: self.classes(&f.classes)?,
             nats: self.nats(&f.nats)?,
+            tls: self.tls(&f.tls, o)?,
             models,
             workers,
         })

@@ -10,6 +10,7 @@ pub mod messages {
     pub const MODEL_NOT_FOUND: &str = "Model not found";
     pub const NOT_FOUND: &str = "Not found";
     pub const TOO_MANY_CONNECTIONS: &str = "Too many connections";
+    pub const PLAIN_HTTP_ON_TLS: &str = "The plain HTTP request was sent to the TLS port";
 }
 
 /// A complete response minus the per-request part: the head without its blank line

@@ -12,7 +12,7 @@ use crate::state::{CoreCounters, Shared, Snapshot};
 type Cell = fn(&CoreCounters) -> &AtomicU64;
 
 /// The data-path counters, summed over cores: name, help, cell.
-const CORE_COUNTERS: [(&str, &str, Cell); 8] = [
+const CORE_COUNTERS: [(&str, &str, Cell); 10] = [
     (
         "spillway_connections_total",
         "Client connections accepted",
@@ -52,6 +52,16 @@ const CORE_COUNTERS: [(&str, &str, Cell); 8] = [
         "spillway_client_disconnects_total",
         "Requests abandoned because the client went away",
         |c| &c.client_disconnects,
+    ),
+    (
+        "spillway_tls_handshakes_total",
+        "TLS handshakes completed on the TLS listener",
+        |c| &c.tls_handshakes,
+    ),
+    (
+        "spillway_tls_handshake_failures_total",
+        "TLS listener connections closed before a finished handshake (bad hello, plain text, timeout)",
+        |c| &c.tls_handshake_failures,
     ),
 ];
 

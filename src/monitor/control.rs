@@ -14,6 +14,7 @@ use crate::config::{Addrs, Config, ConfigError, ConfigSource, Overrides};
 use crate::runtime::clock;
 use crate::runtime::resolve::{ResolveError, resolve};
 use crate::state::{Registry, Shared, Snapshot};
+use crate::tls::{self, Material, TlsError};
 
 /// Control-thread state shared by the monitor tasks and admin handlers.
 #[derive(Debug)]
@@ -55,17 +56,25 @@ pub enum ReloadError {
     Config(#[from] ConfigError),
     #[error(transparent)]
     Resolve(#[from] ResolveError),
+    #[error(transparent)]
+    Tls(#[from] TlsError),
     #[error("`{0}` cannot change on reload; restart Spillway to change it")]
     Immutable(&'static str),
     #[error("the reload was cancelled")]
     Cancelled,
 }
 
-/// Reads, validates and resolves a config file (blocking: file and DNS).
-fn load(path: &Path, overrides: &Overrides) -> Result<(Config, Addrs), ReloadError> {
+/// A reload's inputs: the configuration, its addresses, the TLS files it names.
+type Loaded = (Config, Addrs, Material);
+
+/// Reads, validates and resolves a config file, and reads the certificates and keys it
+/// names (blocking: files and DNS).
+fn load(path: &Path, overrides: &Overrides) -> Result<Loaded, ReloadError> {
     let config = Config::load(path, overrides)?;
     let addrs = resolve(&config)?;
-    Ok((config, addrs))
+    let https = config.workers.iter().any(|w| w.url.starts_with("https://"));
+    let material = tls::load(&config.tls, https)?;
+    Ok((config, addrs, material))
 }
 
 /// Reload (SIGHUP, `POST /reload`): the file is loaded off the loop, then committed; the
@@ -77,7 +86,14 @@ pub async fn reload(control: &RefCell<Control>) -> Result<u64, ReloadError> {
         Some(path) => {
             let loaded = monoio::spawn_blocking(move || load(&path, &source.overrides)).await;
             match loaded {
-                Ok(Ok((config, addrs))) => control.borrow_mut().commit(config, &addrs),
+                Ok(Ok((config, addrs, material))) => {
+                    let committed = control.borrow_mut().commit(config, &addrs);
+                    if committed.is_ok() {
+                        // New handshakes use the new certificate; open sessions keep theirs.
+                        control.borrow().shared.tls.store(Arc::new(material));
+                    }
+                    committed
+                }
                 Ok(Err(e)) => Err(e),
                 Err(_) => Err(ReloadError::Cancelled),
             }
@@ -99,13 +115,18 @@ pub async fn reload(control: &RefCell<Control>) -> Result<u64, ReloadError> {
 
 /// Settings that only a restart can change.
 fn immutable_change(next: &Config, was: &Config) -> Option<&'static str> {
-    let fixed: [(&'static str, bool); 6] = [
+    let listener = |c: &Config| c.tls.listener.as_ref().map(|l| l.listen.clone());
+    let fixed: [(&'static str, bool); 7] = [
         ("listen", next.listen == was.listen),
         ("admin_listen", next.admin_listen == was.admin_listen),
         ("cores", next.cores == was.cores),
         ("cpus", next.cpus == was.cpus),
         ("monitor_cpu", next.monitor_cpu == was.monitor_cpu),
         ("pin_cores", next.pin_cores == was.pin_cores),
+        (
+            "tls (whether a TLS listener runs, tls.listen)",
+            listener(next) == listener(was),
+        ),
     ];
     fixed.iter().find(|(_, same)| !same).map(|(key, _)| *key)
 }

@@ -20,22 +20,43 @@ use crate::state::counters::add;
 /// How often a draining core checks for requests still in flight.
 const DRAIN_POLL: Duration = Duration::from_millis(10);
 
-/// Runs core `ctx` on `listener` until a stop byte arrives; a drain (`STOP_DRAIN`) first
-/// lets the requests in flight finish (up to the drain deadline).
-pub async fn run(ctx: Rc<CoreCtx>, listener: TcpListener, stop: StdUnixStream) {
+/// One of a core's listeners: the socket, its stop channel, whether it speaks TLS.
+pub struct Listener {
+    pub socket: TcpListener,
+    pub stop: StdUnixStream,
+    pub tls: bool,
+}
+
+/// Runs core `ctx` on its listeners (the plain one, a TLS one, or both) until a stop
+/// byte arrives on each; a drain (`STOP_DRAIN`) first lets the requests in flight finish
+/// (up to the drain deadline).
+pub async fn run(ctx: Rc<CoreCtx>, listeners: Vec<Listener>) {
     monoio::spawn(sweep_pools(ctx.clone()));
-    let why = accept_until_stopped(&listener, stop, "data", |stream, peer| {
-        accepted(&ctx, stream, peer)
-    })
-    .await;
-    drop(listener);
-    if why == STOP_DRAIN {
+    let loops: Vec<_> = listeners
+        .into_iter()
+        .map(|l| monoio::spawn(accept_loop(ctx.clone(), l)))
+        .collect();
+    let mut why = None;
+    for l in loops {
+        let stopped = l.await;
+        why = Some(why.map_or(stopped, |w: u8| if w == STOP_DRAIN { w } else { stopped }));
+    }
+    if why == Some(STOP_DRAIN) {
         drain(&ctx).await;
     }
     // Returning drops every remaining connection task: idle keep-alive connections close.
 }
 
-fn accepted(ctx: &Rc<CoreCtx>, stream: TcpStream, peer: SocketAddr) {
+/// One listener's accept loop; returns the stop byte (the listener closes).
+async fn accept_loop(ctx: Rc<CoreCtx>, l: Listener) -> u8 {
+    let kind = if l.tls { "tls" } else { "data" };
+    accept_until_stopped(&l.socket, l.stop, kind, |stream, peer| {
+        accepted(&ctx, stream, peer, l.tls)
+    })
+    .await
+}
+
+fn accepted(ctx: &Rc<CoreCtx>, stream: TcpStream, peer: SocketAddr, tls: bool) {
     let shared = &ctx.shared;
     let max = shared.snapshot.load().config.limits.max_connections;
     add(&ctx.counters().connections, 1);
@@ -45,7 +66,7 @@ fn accepted(ctx: &Rc<CoreCtx>, stream: TcpStream, peer: SocketAddr) {
         monoio::spawn(refuse(ctx.clone(), stream));
         return;
     }
-    monoio::spawn(serve(ctx.clone(), stream, peer));
+    monoio::spawn(serve(ctx.clone(), stream, peer, tls));
 }
 
 /// Answers a connection over `max_connections` and closes it.

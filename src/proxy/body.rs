@@ -7,8 +7,6 @@ use std::future::Future;
 use std::ops::Range;
 use std::time::Duration;
 
-use monoio::io::AsyncWriteRentExt;
-
 use super::conn::Conn;
 use super::watch::Reader;
 use crate::http::chunked::Dechunker;
@@ -39,10 +37,10 @@ impl Conn {
         if !self.head.expect_continue || reader.buf().len() > self.head.head_len {
             return true;
         }
-        let (res, _) = self
+        let res = self
             .io
             .writer
-            .write_all(&b"HTTP/1.1 100 Continue\r\n\r\n"[..])
+            .write_static(b"HTTP/1.1 100 Continue\r\n\r\n")
             .await;
         res.is_ok()
     }

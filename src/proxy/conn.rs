@@ -14,10 +14,8 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use monoio::buf::IoBuf;
-use monoio::io::{AsyncWriteRentExt, Canceller, Splitable};
+use monoio::io::{Canceller, Splitable};
 use monoio::net::TcpStream;
-use monoio::net::tcp::{TcpOwnedReadHalf, TcpOwnedWriteHalf};
 
 use super::core::{CoreCtx, FRESH_REQUEST_ID_LEN, SnapshotRef};
 use super::error::RequestError;
@@ -28,14 +26,24 @@ use super::watch::Reader;
 use crate::http::limits::{IDLE_PROBE_LEN, MAX_REQUEST_ID_LEN};
 use crate::http::request::RequestHead;
 use crate::runtime::reader::{ClientReader, ReadDone, Released, read_more};
+use crate::runtime::stream::{ClientRead, ClientWrite};
 use crate::shed::Class;
 use crate::state::counters::add;
 
-/// Serves one accepted connection until it closes.
-pub(super) async fn serve(ctx: Rc<CoreCtx>, stream: TcpStream, peer: SocketAddr) {
+/// Serves one accepted connection until it closes; a TLS listener's connection first
+/// completes its handshake.
+pub(super) async fn serve(ctx: Rc<CoreCtx>, stream: TcpStream, peer: SocketAddr, tls: bool) {
     let _connection = Connection::adopt(&ctx);
     let _ = stream.set_nodelay(true);
-    let (half, writer) = stream.into_split();
+    let (half, writer) = if tls {
+        match super::tls::handshake(&ctx, stream, peer).await {
+            Some(halves) => halves,
+            None => return,
+        }
+    } else {
+        let (half, writer) = stream.into_split();
+        (ClientRead::Plain(half), ClientWrite::Plain(writer))
+    };
     let mut parked = Parked {
         half,
         writer,
@@ -62,7 +70,7 @@ enum Ended {
     /// Nothing to read since `since`: the half, the empty read buffer, the canceller.
     Idle {
         since: Instant,
-        half: TcpOwnedReadHalf,
+        half: ClientRead,
         buf: Vec<u8>,
         canceller: Canceller,
     },
@@ -79,8 +87,9 @@ async fn burst(ctx: Rc<CoreCtx>, parked: Parked) -> Option<(Parked, Instant)> {
         probe,
         probed,
     } = parked;
+    let mut half = half;
     let mut buf = ctx.read_bufs.borrow_mut().take();
-    buf.extend_from_slice(&probe[..probed]);
+    half.absorb_probe(&probe[..probed], &mut buf);
     let rbuf = ctx.read_bufs.borrow_mut().take();
     let out = ctx.write_bufs.borrow_mut().take();
     let mut conn = Conn {
@@ -162,6 +171,12 @@ impl Conn {
                     Released::Data => continue,
                     Released::Closed => return Ended::Closed,
                 },
+                HeadRead::Bad(_) if reader.buf().starts_with(&[0x16, 0x03]) => {
+                    // A TLS ClientHello on a plain listener: nothing it could read.
+                    add(&self.ctx.counters().bad_requests, 1);
+                    tracing::debug!(peer = ?String::from_utf8_lossy(self.peer.get()), "TLS handshake on the plain listener; closed");
+                    return Ended::Closed;
+                }
                 HeadRead::Bad(e) => {
                     add(&self.ctx.counters().bad_requests, 1);
                     self.request_id.fresh(&self.ctx);
@@ -210,7 +225,7 @@ impl Conn {
 
 /// The client's write half and the buffers reused for every request.
 pub(super) struct ClientIo {
-    pub writer: TcpOwnedWriteHalf,
+    pub writer: ClientWrite,
     /// The next write to the client; holds the upstream request while it is forwarded.
     pub out: Vec<u8>,
     /// Upstream reads.
@@ -220,20 +235,22 @@ pub(super) struct ClientIo {
 impl ClientIo {
     /// Writes all of `out` to the client and empties it.
     pub(super) async fn write_out(&mut self) -> io::Result<()> {
-        let (res, buf) = self.writer.write_all(std::mem::take(&mut self.out)).await;
+        let out = std::mem::take(&mut self.out);
+        let n = out.len();
+        let (res, buf) = self.writer.write_prefix(out, n).await;
         self.out = buf;
         self.out.clear();
-        res.map(drop)
+        res
     }
 
     /// Writes the first `n` bytes of `rbuf` to the client (a relay without copying).
     pub(super) async fn write_rbuf(&mut self, n: usize) -> io::Result<()> {
-        let (res, slice) = self
+        let (res, buf) = self
             .writer
-            .write_all(std::mem::take(&mut self.rbuf).slice(..n))
+            .write_prefix(std::mem::take(&mut self.rbuf), n)
             .await;
-        self.rbuf = slice.into_inner();
-        res.map(drop)
+        self.rbuf = buf;
+        res
     }
 }
 

@@ -31,9 +31,10 @@ mod pool;
 mod relay;
 mod request;
 mod response;
+mod tls;
 mod watch;
 
-pub use accept::run;
+pub use accept::{Listener, run};
 pub use core::{CoreCtx, SnapshotRef};
 pub use error::{AttemptError, Refusal, RequestError};
 pub use pool::Pools;

@@ -7,17 +7,17 @@
 use std::time::Instant;
 
 use monoio::io::{CancelableAsyncReadRent, Canceller};
-use monoio::net::tcp::{TcpOwnedReadHalf, TcpOwnedWriteHalf};
 
 use super::conn::PeerIp;
 use super::core::CoreCtx;
 use crate::http::limits::IDLE_PROBE_LEN;
 use crate::runtime::clock;
+use crate::runtime::stream::{ClientRead, ClientWrite};
 
 /// What a connection keeps between bursts.
 pub(super) struct Parked {
-    pub half: TcpOwnedReadHalf,
-    pub writer: TcpOwnedWriteHalf,
+    pub half: ClientRead,
+    pub writer: ClientWrite,
     pub peer: PeerIp,
     /// Cancels the connection's read in flight (the burst's, or the probe).
     pub canceller: Canceller,
@@ -101,7 +101,8 @@ pub(super) async fn park(ctx: &CoreCtx, parked: Parked, since: Instant) -> Optio
     let handle = canceller.handle();
     let key = (ctx.parked.borrow_mut().deadlines).insert((deadline, Some(canceller)));
     let place = Place { ctx, key };
-    let (res, probe) = half.cancelable_read(probe, handle).await;
+    half.park();
+    let (res, probe) = half.tcp().cancelable_read(probe, handle).await;
     // A request that beat the sweep's cancel is served (with a fresh canceller).
     let canceller = place.leave();
     match res {

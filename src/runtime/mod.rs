@@ -7,6 +7,8 @@ pub mod clock;
 pub mod listen;
 pub mod reader;
 pub mod resolve;
+pub mod stream;
+pub mod tls;
 
 use std::io;
 

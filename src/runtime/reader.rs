@@ -13,32 +13,26 @@ use std::io;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use monoio::buf::IoBufMut;
-use monoio::io::{CancelHandle, CancelableAsyncReadRent, Canceller};
-use monoio::net::tcp::TcpOwnedReadHalf;
+use monoio::io::{CancelHandle, Canceller};
+
+use super::stream::ClientRead;
 
 use crate::http::limits::{CLIENT_READ_MIN_SPARE, RETAINED_BUF_MAX};
 
-pub type ReadDone = (TcpOwnedReadHalf, Vec<u8>, io::Result<usize>);
+pub type ReadDone = (ClientRead, Vec<u8>, io::Result<usize>);
 
 /// One read appended to `buf`'s spare capacity; `cancel` can end it early.
-pub async fn read_more(
-    mut half: TcpOwnedReadHalf,
-    mut buf: Vec<u8>,
-    cancel: CancelHandle,
-) -> ReadDone {
+pub async fn read_more(half: ClientRead, mut buf: Vec<u8>, cancel: CancelHandle) -> ReadDone {
     if buf.capacity() - buf.len() < CLIENT_READ_MIN_SPARE {
         buf.reserve(CLIENT_READ_MIN_SPARE);
     }
-    let len = buf.len();
-    let (res, slice) = half.cancelable_read(buf.slice_mut(len..), cancel).await;
-    (half, slice.into_inner(), res)
+    half.read_into(buf, cancel).await
 }
 
 /// How [`ClientReader::release`] ended.
 pub enum Released {
     /// Nothing had arrived: the half, the (empty) buffer and the canceller are back.
-    Idle(TcpOwnedReadHalf, Vec<u8>, Canceller),
+    Idle(ClientRead, Vec<u8>, Canceller),
     /// Bytes arrived before the cancel took effect: they are buffered, keep serving.
     Data,
     /// The client closed, or the read failed.
@@ -49,17 +43,17 @@ pin_project_lite::pin_project! {
     pub struct ClientReader<F> {
         #[pin]
         pending: Option<F>,
-        idle: Option<(TcpOwnedReadHalf, Vec<u8>)>,
-        start: fn(TcpOwnedReadHalf, Vec<u8>, CancelHandle) -> F,
+        idle: Option<(ClientRead, Vec<u8>)>,
+        start: fn(ClientRead, Vec<u8>, CancelHandle) -> F,
         canceller: Option<Canceller>,
     }
 }
 
 impl<F: Future<Output = ReadDone>> ClientReader<F> {
     pub fn new(
-        half: TcpOwnedReadHalf,
+        half: ClientRead,
         buf: Vec<u8>,
-        start: fn(TcpOwnedReadHalf, Vec<u8>, CancelHandle) -> F,
+        start: fn(ClientRead, Vec<u8>, CancelHandle) -> F,
         canceller: Canceller,
     ) -> Self {
         ClientReader {

@@ -14,25 +14,21 @@ use crate::proxy::{self, CoreCtx};
 use crate::runtime::{self, clock};
 use crate::state::Shared;
 
+/// A core's listener before its runtime adopts it: socket, stop channel, TLS or not.
+pub(super) type StdListenerParts = (StdListener, StdUnixStream, bool);
+
 pub(super) fn spawn(
     id: usize,
     cpu: Option<usize>,
-    listener: StdListener,
-    stop: StdUnixStream,
+    listeners: Vec<StdListenerParts>,
     shared: Arc<Shared>,
 ) -> io::Result<JoinHandle<()>> {
     std::thread::Builder::new()
         .name(format!("spillway-core-{id}"))
-        .spawn(move || run(id, cpu, listener, stop, shared))
+        .spawn(move || run(id, cpu, listeners, shared))
 }
 
-fn run(
-    id: usize,
-    cpu: Option<usize>,
-    listener: StdListener,
-    stop: StdUnixStream,
-    shared: Arc<Shared>,
-) {
+fn run(id: usize, cpu: Option<usize>, listeners: Vec<StdListenerParts>, shared: Arc<Shared>) {
     runtime::pin_current(cpu, "core");
     let mut rt = match runtime::build(0) {
         Ok(rt) => rt,
@@ -46,17 +42,20 @@ fn run(
         shared.legacy_driver[id].store(legacy, Ordering::Relaxed);
         let driver = if legacy { "epoll" } else { "io_uring" };
         tracing::info!(core = id, cpu = ?cpu, driver, "core started");
-        let listener = match TcpListener::from_std(listener) {
-            Ok(l) => l,
-            Err(e) => {
-                tracing::error!(core = id, error = %e, "cannot adopt listener");
-                return;
+        let mut adopted = Vec::with_capacity(listeners.len());
+        for (socket, stop, tls) in listeners {
+            match TcpListener::from_std(socket) {
+                Ok(socket) => adopted.push(proxy::Listener { socket, stop, tls }),
+                Err(e) => {
+                    tracing::error!(core = id, error = %e, "cannot adopt listener");
+                    return;
+                }
             }
-        };
+        }
         let seed = clock::now_ms()
             ^ (id as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
             ^ u64::from(std::process::id());
         let ctx = Rc::new(CoreCtx::new(id, shared, seed));
-        proxy::run(ctx, listener, stop).await;
+        proxy::run(ctx, adopted).await;
     });
 }

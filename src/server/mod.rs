@@ -17,14 +17,19 @@ use crate::monitor::Command;
 use crate::runtime::listen::{STOP_DRAIN, STOP_NOW, bind_reuseport, stop_channel};
 use crate::runtime::{clock, placement, resolve};
 use crate::state::{Registry, Shared};
+use crate::tls;
 
 /// A running server. Dropping it stops every thread at once.
 #[derive(Debug)]
 pub struct ServerHandle {
+    /// The data listener (speaking TLS when `[tls]` has a certificate and no `listen`).
     pub data_addr: SocketAddr,
+    /// The TLS listener beside it (`tls.listen`).
+    pub tls_addr: Option<SocketAddr>,
     pub admin_addr: SocketAddr,
     pub shared: Arc<Shared>,
-    /// One per data core: a byte stops its accept loop (`STOP_NOW`, `STOP_DRAIN`).
+    /// One per listener of each data core: a byte stops its accept loop (`STOP_NOW`,
+    /// `STOP_DRAIN`).
     core_stops: Vec<StdUnixStream>,
     /// [`Command`]s to the control thread.
     control: StdUnixStream,
@@ -46,19 +51,48 @@ pub fn start(config: Config, source: ConfigSource) -> io::Result<ServerHandle> {
     for _ in 1..cores {
         listeners.push(bind_reuseport(data_addr)?);
     }
+    let mut tls_listeners = Vec::new();
+    if let Some(addr) = addrs.tls_listen {
+        let first = bind_reuseport(addr)?;
+        let addr = first.local_addr()?;
+        tls_listeners.push(first);
+        for _ in 1..cores {
+            tls_listeners.push(bind_reuseport(addr)?);
+        }
+    }
+    let tls_addr = tls_listeners.first().map(|l| l.local_addr()).transpose()?;
     let admin = bind_reuseport(addrs.admin_listen)?;
     let admin_addr = admin.local_addr()?;
+    // Certificates and trust roots: a bad file stops the start here.
+    let material = tls::load(
+        &config.tls,
+        config.workers.iter().any(|w| w.url.starts_with("https://")),
+    )
+    .map_err(io::Error::other)?;
+    let data_is_tls = config
+        .tls
+        .listener
+        .as_ref()
+        .is_some_and(|l| l.listen.is_none());
 
     let mut registry = Registry::new(cores, clock::unix_secs());
     let shared = Arc::new(Shared::new(registry.build(config, &addrs), cores));
+    shared.tls.store(Arc::new(material));
 
     let mut core_stops = Vec::new();
     let mut threads = Vec::new();
+    let mut tls_listeners = tls_listeners.into_iter();
     for (id, listener) in listeners.into_iter().enumerate() {
-        let (stop_tx, stop_rx) = stop_channel()?;
-        core_stops.push(stop_tx);
+        let mut parts = Vec::with_capacity(2);
+        for (socket, tls) in
+            std::iter::once((listener, data_is_tls)).chain(tls_listeners.next().map(|l| (l, true)))
+        {
+            let (stop_tx, stop_rx) = stop_channel()?;
+            core_stops.push(stop_tx);
+            parts.push((socket, stop_rx, tls));
+        }
         let cpu = data_cpus.get(id).copied().flatten();
-        threads.push(core::spawn(id, cpu, listener, stop_rx, shared.clone())?);
+        threads.push(core::spawn(id, cpu, parts, shared.clone())?);
     }
     let (control, commands) = stop_channel()?;
     let parts = control::Parts {
@@ -72,6 +106,7 @@ pub fn start(config: Config, source: ConfigSource) -> io::Result<ServerHandle> {
     let control_thread = control::spawn(control_cpu, parts)?;
     Ok(ServerHandle {
         data_addr,
+        tls_addr,
         admin_addr,
         shared,
         core_stops,

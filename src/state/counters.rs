@@ -334,6 +334,9 @@ pub struct CoreCounters {
     pub upstream_reuse_retries: AtomicU64,
     pub failovers: AtomicU64,
     pub client_disconnects: AtomicU64,
+    /// TLS listener handshakes completed, and failed (bad hello, plain text, timeout).
+    pub tls_handshakes: AtomicU64,
+    pub tls_handshake_failures: AtomicU64,
     /// Gauges the core refreshes once a second: its connection buffers lent out, the
     /// bytes its pool holds free, and its connections parked without buffers.
     pub buffers_lent: AtomicU64,

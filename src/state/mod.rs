@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;
 
+use crate::tls::Material;
 pub use busy::BusySet;
 pub use counters::CoreCounters;
 pub use registry::Registry;
@@ -40,6 +41,9 @@ pub struct Shared {
     pub draining: AtomicBool,
     /// Process-clock ms after which draining cores stop waiting for requests in flight.
     pub drain_deadline_ms: AtomicU64,
+    /// What TLS handshakes use (certificates, trust roots); a reload swaps it whole, so
+    /// new handshakes take the new certificate and open connections keep their session.
+    pub tls: ArcSwap<Material>,
 }
 
 impl Shared {
@@ -58,6 +62,7 @@ impl Shared {
             legacy_driver: (0..cores).map(|_| AtomicBool::new(false)).collect(),
             draining: AtomicBool::new(false),
             drain_deadline_ms: AtomicU64::new(u64::MAX),
+            tls: ArcSwap::from_pointee(Material::default()),
         }
     }
 

@@ -42,6 +42,8 @@ impl Response {
 pub struct Client {
     pub stream: TcpStream,
     buf: Vec<u8>,
+    /// A TLS session over `stream` ([`Client::connect_tls`]).
+    tls: Option<Box<rustls::ClientConnection>>,
 }
 
 impl Client {
@@ -55,12 +57,68 @@ impl Client {
         Client {
             stream,
             buf: Vec::new(),
+            tls: None,
         }
+    }
+
+    /// Connects to `addr` over TLS, trusting `config`'s roots, for server name `name`;
+    /// the handshake completes before this returns (its error is returned).
+    pub fn connect_tls(
+        addr: SocketAddr,
+        config: std::sync::Arc<rustls::ClientConfig>,
+        name: &str,
+    ) -> std::io::Result<Client> {
+        let mut c = Client::connect(addr);
+        let name = rustls::pki_types::ServerName::try_from(name.to_string())
+            .map_err(std::io::Error::other)?;
+        let mut conn =
+            rustls::ClientConnection::new(config, name).map_err(std::io::Error::other)?;
+        while conn.is_handshaking() {
+            conn.complete_io(&mut c.stream)?;
+        }
+        c.tls = Some(Box::new(conn));
+        Ok(c)
+    }
+
+    /// The negotiated TLS version and ALPN protocol.
+    pub fn tls_info(&self) -> Option<(rustls::ProtocolVersion, Option<Vec<u8>>)> {
+        let conn = self.tls.as_ref()?;
+        Some((
+            conn.protocol_version()?,
+            conn.alpn_protocol().map(<[u8]>::to_vec),
+        ))
+    }
+
+    /// The server's leaf certificate (DER).
+    pub fn peer_certificate(&self) -> Option<Vec<u8>> {
+        let conn = self.tls.as_ref()?;
+        Some(conn.peer_certificates()?.first()?.to_vec())
     }
 
     /// Writes `raw` as is.
     pub fn send(&mut self, raw: &[u8]) {
-        self.stream.write_all(raw).expect("send");
+        self.write_raw(raw).expect("send");
+    }
+
+    fn write_raw(&mut self, raw: &[u8]) -> std::io::Result<()> {
+        match &mut self.tls {
+            Some(conn) => rustls::Stream::new(&mut **conn, &mut self.stream).write_all(raw),
+            None => self.stream.write_all(raw),
+        }
+    }
+
+    fn read_raw(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match &mut self.tls {
+            Some(conn) => {
+                let n = rustls::Stream::new(&mut **conn, &mut self.stream).read(buf);
+                // The server's TCP close without close_notify is its end of stream.
+                match n {
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(0),
+                    n => n,
+                }
+            }
+            None => self.stream.read(buf),
+        }
     }
 
     /// Sends `raw` and reads one response.
@@ -156,7 +214,7 @@ impl Client {
     pub fn closed(&mut self) -> bool {
         let mut tmp = [0u8; 4096];
         loop {
-            match self.stream.read(&mut tmp) {
+            match self.read_raw(&mut tmp) {
                 Ok(0) => return true,
                 Ok(n) => self.buf.extend_from_slice(&tmp[..n]),
                 Err(e)
@@ -171,7 +229,17 @@ impl Client {
     }
 
     fn fill(&mut self) -> bool {
-        fill(&mut self.stream, &mut self.buf)
+        if self.tls.is_none() {
+            return fill(&mut self.stream, &mut self.buf);
+        }
+        let mut tmp = [0u8; 16384];
+        match self.read_raw(&mut tmp) {
+            Ok(0) | Err(_) => false,
+            Ok(n) => {
+                self.buf.extend_from_slice(&tmp[..n]);
+                true
+            }
+        }
     }
 }
 

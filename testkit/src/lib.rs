@@ -20,6 +20,7 @@ pub mod nats;
 pub mod overlap;
 pub mod proxy;
 pub mod rng;
+pub mod tls;
 pub mod tools;
 pub mod upstream;
 pub mod wait;
