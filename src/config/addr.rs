@@ -70,18 +70,23 @@ impl serde::Serialize for HostPort {
 /// `http://host:port[/]` → its host and port. HTTPS and base paths are refused with a
 /// reason.
 pub fn parse_http_url(url: &str) -> Result<HostPort, String> {
+    match parse_worker_url(url)? {
+        (hp, false) => Ok(hp),
+        (_, true) => Err(format!("`{url}`: only http:// is supported here")),
+    }
+}
+
+/// A worker's `http://` or `https://host:port[/]` → its host and port, and whether it
+/// speaks TLS. Base paths and queries are refused with a reason.
+pub fn parse_worker_url(url: &str) -> Result<(HostPort, bool), String> {
     let uri: http::Uri = url
         .parse()
         .map_err(|e| format!("`{url}` is not a URL: {e}"))?;
-    match uri.scheme_str() {
-        Some("http") => {}
-        Some("https") => {
-            return Err(format!(
-                "`{url}`: https upstreams are not supported (use http)"
-            ));
-        }
-        _ => return Err(format!("`{url}` must start with http://")),
-    }
+    let tls = match uri.scheme_str() {
+        Some("http") => false,
+        Some("https") => true,
+        _ => return Err(format!("`{url}` must start with http:// or https://")),
+    };
     if uri.path() != "/" && !uri.path().is_empty() {
         return Err(format!(
             "`{url}`: a base path is not supported; requests keep their own path"
@@ -98,6 +103,7 @@ pub fn parse_http_url(url: &str) -> Result<HostPort, String> {
         .rsplit_once(']')
         .map_or(authority, |(_, rest)| rest);
     let port = match after_host.rsplit_once(':') {
+        None if tls => 443,
         None => 80,
         Some((_, p)) => p
             .parse::<u16>()
@@ -108,13 +114,11 @@ pub fn parse_http_url(url: &str) -> Result<HostPort, String> {
             "`{url}`: the port must be a number from 1 to 65535"
         ));
     }
-    Ok(HostPort {
-        host: host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string(),
-        port,
-    })
+    let host = host
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    Ok((HostPort { host, port }, tls))
 }
 
 /// The socket addresses of one configuration: its listeners and, in

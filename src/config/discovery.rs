@@ -75,6 +75,8 @@ pub struct NatsConfig {
 pub struct Found {
     pub name: String,
     pub endpoint: HostPort,
+    /// Its etcd value's URL is `https://`.
+    pub tls: bool,
     pub capacity: Capacity,
 }
 
@@ -102,7 +104,7 @@ impl Found {
     pub fn from_etcd(key: &str, prefix: &str, value: &[u8]) -> Result<Found, String> {
         let v: EtcdValue =
             serde_json::from_slice(value).map_err(|e| format!("key `{key}`: {e}"))?;
-        let endpoint = parse_http_url(&v.url).map_err(|e| format!("key `{key}`: {e}"))?;
+        let (endpoint, tls) = parse_worker_url(&v.url).map_err(|e| format!("key `{key}`: {e}"))?;
         let name = match v.name.as_deref().map(str::trim) {
             Some(n) if !n.is_empty() => n.to_string(),
             _ => key.strip_prefix(prefix).unwrap_or(key).to_string(),
@@ -124,6 +126,7 @@ impl Found {
         Ok(Found {
             name,
             endpoint,
+            tls,
             capacity: c,
         })
     }
@@ -133,6 +136,7 @@ impl Found {
         Found {
             name: endpoint.to_string(),
             endpoint,
+            tls: false,
             capacity: Capacity::default(),
         }
     }
@@ -144,7 +148,11 @@ impl WorkerConfig {
         let c = found.capacity;
         WorkerConfig {
             name: found.name.clone(),
-            url: format!("http://{}", found.endpoint),
+            url: match found.tls {
+                true => format!("https://{}", found.endpoint),
+                false => format!("http://{}", found.endpoint),
+            },
+            tls: found.tls,
             endpoint: found.endpoint.clone(),
             metrics: found.endpoint.clone(),
             dp_size: c.dp_size.unwrap_or(self.dp_size),

@@ -19,7 +19,7 @@ use serde::Serialize;
 use crate::http::Limits;
 use crate::route::{KvSettings, RouterMode};
 use crate::shed::{Adaptive, Class, Thresholds};
-pub use addr::{Addrs, HostPort, WorkerAddrs, parse_http_url};
+pub use addr::{Addrs, HostPort, WorkerAddrs, parse_http_url, parse_worker_url};
 pub use classes::{ClassSettings, Classes, DEFAULT_CLASS_HEADER};
 pub use discovery::{
     Capacity, DEFAULT_DNS_INTERVAL_MS, Discovery, DiscoverySource, Found, NatsConfig,
@@ -171,8 +171,11 @@ pub struct ModelConfig {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct WorkerConfig {
     pub name: String,
-    /// `http://host:port`, as normalised from the file.
+    /// `http://host:port` or `https://host:port`, as normalised from the file.
     pub url: String,
+    /// An `https://` worker: TLS with SNI `endpoint.host`, trusting `tls.upstream_ca` or
+    /// the system's roots.
+    pub tls: bool,
     pub endpoint: HostPort,
     pub load_sources: LoadSources,
     pub metrics_format: MetricsFormat,

@@ -60,8 +60,8 @@ fn errors_name_key_and_line() {
             "models[0].router_use_kv_events (line 3): Spillway does not subscribe to KV events",
         ),
         (
-            "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"https://127.0.0.1:1\"\n",
-            "models[0].workers[0].url (line 4): `https://127.0.0.1:1`: https upstreams are not supported",
+            "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"ftp://127.0.0.1:1\"\n",
+            "models[0].workers[0].url (line 4): `ftp://127.0.0.1:1` must start with http:// or https://",
         ),
         (
             "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1/base\"\n",

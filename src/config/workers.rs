@@ -221,9 +221,18 @@ impl Validator<'_> {
         let Some(url) = &w.url else {
             return self.err(key("url"), None, "missing: a listed worker needs its `url`");
         };
-        let endpoint = parse_http_url(url.get_ref())
+        let (endpoint, tls) = parse_worker_url(url.get_ref())
             .or_else(|msg| self.err(key("url"), Some(url.span()), msg))?;
-        self.worker_at(w, endpoint, o, key)
+        if tls && w.metrics_url.is_none() && self.load_sources(w, key)?.scrape {
+            let msg = "scraping an https:// worker needs an http:// `metrics_url`";
+            return self.err(key("load_sources"), None, msg);
+        }
+        let mut worker = self.worker_at(w, endpoint, o, key)?;
+        if tls {
+            worker.tls = true;
+            worker.url = format!("https://{}", worker.endpoint);
+        }
+        Ok(worker)
     }
 
     /// A worker's settings with its endpoint known (listed, or a discovered template's).
@@ -246,6 +255,7 @@ impl Validator<'_> {
         Ok(WorkerConfig {
             name,
             url: format!("http://{endpoint}"),
+            tls: false,
             load_sources: self.load_sources(w, key)?,
             metrics_format: self.metrics_format(w, key)?,
             metrics,

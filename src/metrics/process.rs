@@ -12,7 +12,7 @@ use crate::state::{CoreCounters, Shared, Snapshot};
 type Cell = fn(&CoreCounters) -> &AtomicU64;
 
 /// The data-path counters, summed over cores: name, help, cell.
-const CORE_COUNTERS: [(&str, &str, Cell); 10] = [
+const CORE_COUNTERS: [(&str, &str, Cell); 11] = [
     (
         "spillway_connections_total",
         "Client connections accepted",
@@ -62,6 +62,11 @@ const CORE_COUNTERS: [(&str, &str, Cell); 10] = [
         "spillway_tls_handshake_failures_total",
         "TLS listener connections closed before a finished handshake (bad hello, plain text, timeout)",
         |c| &c.tls_handshake_failures,
+    ),
+    (
+        "spillway_upstream_tls_failures_total",
+        "TLS handshakes with https:// workers that failed (certificate, protocol); the worker is marked down",
+        |c| &c.upstream_tls_failures,
     ),
 ];
 

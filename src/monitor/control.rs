@@ -72,8 +72,7 @@ type Loaded = (Config, Addrs, Material);
 fn load(path: &Path, overrides: &Overrides) -> Result<Loaded, ReloadError> {
     let config = Config::load(path, overrides)?;
     let addrs = resolve(&config)?;
-    let https = config.workers.iter().any(|w| w.url.starts_with("https://"));
-    let material = tls::load(&config.tls, https)?;
+    let material = tls::load(&config.tls)?;
     Ok((config, addrs, material))
 }
 

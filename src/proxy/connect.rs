@@ -6,13 +6,15 @@
 use std::io;
 use std::time::Duration;
 
-use monoio::io::AsyncWriteRentExt;
 use monoio::net::TcpStream;
+use rustls::pki_types::ServerName;
 
 use super::core::CoreCtx;
 use super::error::AttemptError;
 use crate::http::Limits;
 use crate::runtime::clock;
+use crate::runtime::stream::Upstream;
+use crate::runtime::tls::{handshake, split};
 use crate::state::Worker;
 use crate::state::counters::add;
 
@@ -24,7 +26,7 @@ pub(super) async fn connect_and_send(
     worker: &Worker,
     out: &mut Vec<u8>,
     limits: &Limits,
-) -> Result<TcpStream, AttemptError> {
+) -> Result<Upstream, AttemptError> {
     let now = clock::now_ms();
     let pooled = ctx
         .pools
@@ -51,10 +53,10 @@ pub(super) async fn connect_and_send(
 }
 
 /// Writes the request (head and body) kept in `out`; `out` keeps it for a migration.
-async fn send(stream: &mut TcpStream, out: &mut Vec<u8>) -> io::Result<()> {
+async fn send(stream: &mut Upstream, out: &mut Vec<u8>) -> io::Result<()> {
     let (res, buf) = stream.write_all(std::mem::take(out)).await;
     *out = buf;
-    res.map(drop)
+    res
 }
 
 async fn connect(
@@ -62,16 +64,15 @@ async fn connect(
     worker: &Worker,
     now: u64,
     limits: &Limits,
-) -> Result<TcpStream, AttemptError> {
+) -> Result<Upstream, AttemptError> {
     let timeout = Duration::from_millis(limits.connect_timeout_ms);
-    let error = match monoio::time::timeout(timeout, TcpStream::connect_addr(worker.addr)).await {
+    let error = match monoio::time::timeout(timeout, open(ctx, worker)).await {
         Ok(Ok(stream)) => {
-            let _ = stream.set_nodelay(true);
             worker.state.mark_up();
             add(&ctx.counters().upstream_connects, 1);
             return Ok(stream);
         }
-        Ok(Err(e)) => e.to_string(),
+        Ok(Err(e)) => e,
         Err(_) => "connect timed out".to_string(),
     };
     let backoff = worker.state.mark_down(
@@ -82,4 +83,28 @@ async fn connect(
     add(&ctx.counters().upstream_connect_failures, 1);
     tracing::warn!(worker = %worker.cfg.name, url = %worker.cfg.url, %error, backoff_ms = backoff, "worker unreachable; marked down");
     Err(AttemptError::Unreachable)
+}
+
+/// A new connection to the worker: TCP, then for an `https://` worker the TLS handshake
+/// (SNI and certificate check against its host). The error says which step failed.
+async fn open(ctx: &CoreCtx, worker: &Worker) -> Result<Upstream, String> {
+    let mut stream = TcpStream::connect_addr(worker.addr)
+        .await
+        .map_err(|e| e.to_string())?;
+    let _ = stream.set_nodelay(true);
+    if !worker.cfg.tls {
+        return Ok(Upstream::Plain(stream));
+    }
+    let failed = |e: String| {
+        add(&ctx.counters().upstream_tls_failures, 1);
+        format!("TLS: {e}")
+    };
+    let config = (ctx.shared.tls.load().upstream.clone())
+        .ok_or_else(|| failed("no client configuration (reload to load tls.upstream_ca)".into()))?;
+    let name = ServerName::try_from(worker.cfg.endpoint.host.clone())
+        .map_err(|e| failed(e.to_string()))?;
+    let established = handshake::connect(&mut stream, config, name)
+        .await
+        .map_err(|e| failed(e.to_string()))?;
+    Ok(Upstream::Tls(stream, Box::new(split(established))))
 }

@@ -6,7 +6,7 @@ use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use monoio::net::TcpStream;
+use crate::runtime::stream::Upstream;
 
 use super::core::CoreCtx;
 use crate::http::limits::POOL_PEEK_AFTER_IDLE_MS;
@@ -15,13 +15,13 @@ use crate::runtime::clock;
 /// Idle keep-alive connections of one core, per worker slot (newest last).
 #[derive(Debug, Default)]
 pub struct Pools {
-    idle: Vec<Vec<(TcpStream, u64)>>,
+    idle: Vec<Vec<(Upstream, u64)>>,
 }
 
 impl Pools {
     /// The newest idle connection to `slot` that is still open, if any. Stale or closed
     /// ones are dropped on the way.
-    pub fn take(&mut self, slot: u32, now_ms: u64, idle_timeout_ms: u64) -> Option<TcpStream> {
+    pub fn take(&mut self, slot: u32, now_ms: u64, idle_timeout_ms: u64) -> Option<Upstream> {
         let list = self.idle.get_mut(slot as usize)?;
         while let Some((stream, since)) = list.pop() {
             let idle = now_ms.saturating_sub(since);
@@ -40,7 +40,7 @@ impl Pools {
         None
     }
 
-    pub fn put(&mut self, slot: u32, stream: TcpStream, now_ms: u64, max_idle: usize) {
+    pub fn put(&mut self, slot: u32, stream: Upstream, now_ms: u64, max_idle: usize) {
         let slot = slot as usize;
         if self.idle.len() <= slot {
             self.idle.resize_with(slot + 1, Vec::new);
@@ -69,12 +69,12 @@ impl Pools {
 
 /// A pooled connection is usable only if the peer has not closed it and sent nothing
 /// unsolicited: a non-blocking peek must find no data (EAGAIN).
-fn is_open(stream: &TcpStream) -> bool {
+fn is_open(stream: &Upstream) -> bool {
     use nix::sys::socket::{MsgFlags, recv};
     let mut byte = [0u8; 1];
     matches!(
         recv(
-            stream.as_raw_fd(),
+            stream.tcp().as_raw_fd(),
             &mut byte,
             MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT
         ),

@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use monoio::net::TcpStream;
+use crate::runtime::stream::Upstream;
 
 use super::error::AttemptError;
 use super::forward::Client;
@@ -100,7 +100,7 @@ pub(super) async fn relay<F: Future<Output = ReadDone>>(
     c: &mut Client<'_, F>,
     req: &Outbound<'_>,
     cells: &ModelCore,
-    stream: &mut TcpStream,
+    stream: &mut Upstream,
     resp: &ResponseHead,
     tracked: &mut Tracked<'_>,
     gap: Duration,

@@ -5,7 +5,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use monoio::net::TcpStream;
+use crate::runtime::stream::Upstream;
 
 use super::error::{AttemptError, Refusal};
 use super::forward::Client;
@@ -18,7 +18,7 @@ use crate::runtime::reader::ReadDone;
 /// Reads the final response head into `resp`; its bytes stay at the start of `rbuf`.
 pub(super) async fn read_response_head<F: Future<Output = ReadDone>>(
     c: &mut Client<'_, F>,
-    stream: &mut TcpStream,
+    stream: &mut Upstream,
     limits: &Limits,
     resp: &mut ResponseHead,
 ) -> Result<(), AttemptError> {

@@ -9,12 +9,9 @@ use std::pin::Pin;
 use std::task::Poll;
 use std::time::Instant;
 
-use monoio::buf::IoBufMut;
-use monoio::io::AsyncReadRent;
-use monoio::net::TcpStream;
-
 use crate::http::limits::{RESPONSE_READ_BUF, RESPONSE_READ_MIN_SPARE};
 use crate::runtime::reader::{ClientReader, ReadDone};
+use crate::runtime::stream::Upstream;
 
 /// The client's reader, lent to the stages that watch it.
 pub(super) type Reader<'a, F> = Pin<&'a mut ClientReader<F>>;
@@ -74,7 +71,7 @@ pub(super) async fn watched<U: Future, F: Future<Output = ReadDone>>(
 
 /// One upstream read appended to `rbuf`, while the client is watched.
 pub(super) async fn read_upstream<F: Future<Output = ReadDone>>(
-    stream: &mut TcpStream,
+    stream: &mut Upstream,
     rbuf: &mut Vec<u8>,
     reader: &mut Reader<'_, F>,
     deadline: Instant,
@@ -82,9 +79,8 @@ pub(super) async fn read_upstream<F: Future<Output = ReadDone>>(
     if rbuf.capacity() - rbuf.len() < RESPONSE_READ_MIN_SPARE {
         rbuf.reserve(RESPONSE_READ_BUF);
     }
-    let len = rbuf.len();
     let buf = std::mem::take(rbuf);
-    let (res, slice) = watched(stream.read(buf.slice_mut(len..)), reader, deadline).await?;
-    *rbuf = slice.into_inner();
+    let (res, buf) = watched(stream.read_into(buf), reader, deadline).await?;
+    *rbuf = buf;
     Ok(res)
 }

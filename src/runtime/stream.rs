@@ -1,11 +1,13 @@
-//! A client connection's two halves, plain TCP or TLS. The request loop reads and writes
-//! through these; with TLS each read opens the records it brought in (into the request
-//! buffer) and each write seals its bytes first ([`crate::runtime::tls`]).
+//! The data path's streams, plain TCP or TLS: a client connection's two halves, and a
+//! worker connection ([`Upstream`]). With TLS each read opens the records it brought in
+//! (into the caller's buffer) and each write seals its bytes first
+//! ([`crate::runtime::tls`]).
 
 use std::io;
 
 use monoio::buf::{IoBuf, IoBufMut};
-use monoio::io::{AsyncWriteRentExt, CancelHandle, CancelableAsyncReadRent};
+use monoio::io::{AsyncReadRent, AsyncWriteRentExt, CancelHandle, CancelableAsyncReadRent};
+use monoio::net::TcpStream;
 use monoio::net::tcp::{TcpOwnedReadHalf, TcpOwnedWriteHalf};
 
 use super::tls::{Rx, Tx};
@@ -134,6 +136,80 @@ impl ClientWrite {
                 let (res, sealed) = half.write_all(std::mem::take(&mut tx.sealed)).await;
                 tx.sealed = sealed;
                 res.map(drop)
+            }
+        }
+    }
+}
+
+/// A connection to a worker, plain or TLS (`https://` workers), used whole.
+pub enum Upstream {
+    Plain(TcpStream),
+    Tls(TcpStream, Box<(Rx, Tx)>),
+}
+
+impl std::fmt::Debug for Upstream {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Upstream::Plain(_) => "Upstream::Plain",
+            Upstream::Tls(..) => "Upstream::Tls",
+        })
+    }
+}
+
+impl Upstream {
+    /// The socket (a pooled connection's liveness peek).
+    pub fn tcp(&self) -> &TcpStream {
+        match self {
+            Upstream::Plain(s) | Upstream::Tls(s, _) => s,
+        }
+    }
+
+    /// One read appended to `buf`'s spare room (with TLS: the plaintext of the records it
+    /// completed). `Ok(0)`: end of stream.
+    pub async fn read_into(&mut self, buf: Vec<u8>) -> (io::Result<usize>, Vec<u8>) {
+        match self {
+            Upstream::Plain(s) => {
+                let len = buf.len();
+                let (res, slice) = s.read(buf.slice_mut(len..)).await;
+                (res, slice.into_inner())
+            }
+            Upstream::Tls(s, session) => {
+                let mut buf = buf;
+                let rx = &mut session.0;
+                loop {
+                    match rx.open_into(&mut buf) {
+                        Ok(0) if rx.is_closed() => return (Ok(0), buf),
+                        Ok(0) => {}
+                        done => return (done, buf),
+                    }
+                    let (cipher, len) = rx.read_buf();
+                    let (res, slice) = s.read(cipher.slice_mut(len..)).await;
+                    rx.read_done(slice.into_inner());
+                    match res {
+                        Ok(0) => return (Ok(0), buf),
+                        Ok(_) => {}
+                        Err(e) => return (Err(e), buf),
+                    }
+                }
+            }
+        }
+    }
+
+    /// Writes all of `buf` (sealed first, with TLS) and gives it back.
+    pub async fn write_all(&mut self, buf: Vec<u8>) -> (io::Result<()>, Vec<u8>) {
+        match self {
+            Upstream::Plain(s) => {
+                let (res, buf) = s.write_all(buf).await;
+                (res.map(drop), buf)
+            }
+            Upstream::Tls(s, session) => {
+                let tx = &mut session.1;
+                if let Err(e) = tx.seal(&buf) {
+                    return (Err(e), buf);
+                }
+                let (res, sealed) = s.write_all(std::mem::take(&mut tx.sealed)).await;
+                tx.sealed = sealed;
+                (res.map(drop), buf)
             }
         }
     }

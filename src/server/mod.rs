@@ -64,11 +64,7 @@ pub fn start(config: Config, source: ConfigSource) -> io::Result<ServerHandle> {
     let admin = bind_reuseport(addrs.admin_listen)?;
     let admin_addr = admin.local_addr()?;
     // Certificates and trust roots: a bad file stops the start here.
-    let material = tls::load(
-        &config.tls,
-        config.workers.iter().any(|w| w.url.starts_with("https://")),
-    )
-    .map_err(io::Error::other)?;
+    let material = tls::load(&config.tls).map_err(io::Error::other)?;
     let data_is_tls = config
         .tls
         .listener

@@ -337,6 +337,8 @@ pub struct CoreCounters {
     /// TLS listener handshakes completed, and failed (bad hello, plain text, timeout).
     pub tls_handshakes: AtomicU64,
     pub tls_handshake_failures: AtomicU64,
+    /// Handshakes with `https://` workers that failed (certificate, protocol).
+    pub upstream_tls_failures: AtomicU64,
     /// Gauges the core refreshes once a second: its connection buffers lent out, the
     /// bytes its pool holds free, and its connections parked without buffers.
     pub buffers_lent: AtomicU64,

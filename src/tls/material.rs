@@ -24,7 +24,8 @@ pub const ALPN_HTTP11: &[u8] = b"http/1.1";
 pub struct Material {
     /// The listener's configuration (`[tls]` with `cert` and `key`).
     pub server: Option<Arc<ServerConfig>>,
-    /// For `https://` workers: the configured CA bundle, else the system's roots.
+    /// For `https://` workers: the configured CA bundle, else the system's roots (`None`
+    /// only before the first load).
     pub upstream: Option<Arc<ClientConfig>>,
 }
 
@@ -123,17 +124,14 @@ pub fn client_config(ca: Option<&Path>) -> Result<ClientConfig, TlsError> {
     Ok(config)
 }
 
-/// Reads everything `[tls]` names. `https` says whether any worker needs the client side.
-pub fn load(tls: &TlsConfig, https: bool) -> Result<Material, TlsError> {
+/// Reads everything `[tls]` names. The client side is always ready: an `https://`
+/// worker may also be found at run time (etcd).
+pub fn load(tls: &TlsConfig) -> Result<Material, TlsError> {
     let server = match &tls.listener {
         Some(l) => Some(Arc::new(server_config(l)?)),
         None => None,
     };
-    let upstream = if https || tls.upstream_ca.is_some() {
-        Some(Arc::new(client_config(tls.upstream_ca.as_deref())?))
-    } else {
-        None
-    };
+    let upstream = Some(Arc::new(client_config(tls.upstream_ca.as_deref())?));
     Ok(Material { server, upstream })
 }
 

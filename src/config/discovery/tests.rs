@@ -202,8 +202,8 @@ fn etcd_values() {
         (&b"not json"[..], "key `/w/m/e1`: expected"),
         (br#"{"name":"a"}"#, "missing field `url`"),
         (
-            br#"{"url":"https://h:1"}"#,
-            "https upstreams are not supported",
+            br#"{"url":"ftp://h:1"}"#,
+            "must start with http:// or https://",
         ),
         (
             br#"{"url":"http://h:1","dp_size":0}"#,

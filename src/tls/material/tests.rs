@@ -28,7 +28,7 @@ fn missing_and_garbage_files_name_the_key_and_path() {
     let garbage = dir.join("garbage.pem");
     let _ = std::fs::write(&garbage, "nothing here\n");
     let missing = dir.join("missing.pem");
-    let e = load(&listener(missing.clone(), garbage.clone()), false)
+    let e = load(&listener(missing.clone(), garbage.clone()))
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();
@@ -36,7 +36,7 @@ fn missing_and_garbage_files_name_the_key_and_path() {
         e.starts_with("cannot read tls.cert") && e.contains("missing.pem"),
         "{e}"
     );
-    let e = load(&listener(garbage.clone(), garbage.clone()), false)
+    let e = load(&listener(garbage.clone(), garbage.clone()))
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();
@@ -47,7 +47,7 @@ fn missing_and_garbage_files_name_the_key_and_path() {
 }
 
 #[test]
-fn nothing_to_load_without_a_listener_or_https_workers() {
-    let m = load(&TlsConfig::default(), false);
-    assert!(m.is_ok_and(|m| m.server.is_none() && m.upstream.is_none()));
+fn without_a_listener_only_the_client_side_loads() {
+    let m = load(&TlsConfig::default());
+    assert!(m.is_ok_and(|m| m.server.is_none() && m.upstream.is_some()));
 }
