@@ -202,4 +202,10 @@ put nats_proto 04 'A\xa0MSG a 1 40\r\n0123456789012345678901234567890123456789\r
 put nats_proto 05 '@0HMSG a 1 10 12\r\nNATS/1.0\r\n\r\nhi\r\n'
 put nats_proto 06 'C0MSG a 99999999999999999999 1\r\nx\r\nPING\n'
 
+# --- TLS records: a control byte (version, cipher, first sequence number), a cut, bytes
+put tls_record 01 '\x01\x01GET /v1/models HTTP/1.1\r\nHost: a\r\n\r\n'
+put tls_record 02 '\x02\x05\x17\x03\x03\x00\x20aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa'
+put tls_record 03 '\x07\x00\x14\x03\x03\x00\x01\x01\x17\x03\x03\x40\x11'
+put tls_record 04 '\x00\x02\x17\x03\x03\x00\x00\x15\x03\x03\x00\x02\x01\x00'
+
 echo "$(ls "$C"/*/seed-* | wc -l) seeds, $(cat "$C"/*/seed-* | wc -c) bytes"

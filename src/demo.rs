@@ -88,10 +88,19 @@ pub fn start(listen: &str, admin: &str, overrides: Overrides) -> Result<Demo, De
 impl Demo {
     /// The curl command that streams a completion through the proxy.
     pub fn curl(&self) -> String {
+        let snap = self.server.shared.snapshot.load();
+        let origin = match &snap.config.tls.listener {
+            // `--cacert` as README's self-signed certificate needs.
+            Some(l) if l.listen.is_none() => format!(
+                "--cacert {} https://localhost:{}",
+                l.cert.display(),
+                self.server.data_addr.port()
+            ),
+            _ => format!("http://{}", self.server.data_addr),
+        };
         format!(
-            "curl -N http://{}/v1/chat/completions -H 'content-type: application/json' \
-             -d '{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}],\"stream\":true}}'",
-            self.server.data_addr
+            "curl -N {origin}/v1/chat/completions -H 'content-type: application/json' \
+             -d '{{\"model\":\"{MODEL}\",\"messages\":[{{\"role\":\"user\",\"content\":\"hello\"}}],\"stream\":true}}'"
         )
     }
 }

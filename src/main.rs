@@ -97,7 +97,8 @@ fn serve_file(path: &Path, overrides: Overrides) -> anyhow::Result<()> {
         overrides,
     };
     let server = spillway::start(config, source).context("cannot start")?;
-    tracing::info!(listen = %server.data_addr, admin = %server.admin_addr, "spillway is serving");
+    let tls = server.shared.snapshot.load().config.tls.listener.is_some();
+    tracing::info!(listen = %server.data_addr, admin = %server.admin_addr, tls, tls_listen = ?server.tls_addr, "spillway is serving");
     serve_until_stopped(server, None)
 }
 

@@ -369,3 +369,33 @@ fn dynamo_kv_router_settings_start_and_route() {
         assert!(err.contains(&format!("{var}={value}")), "{err}");
     }
 }
+
+/// Dynamo's `DYN_TLS_CERT_PATH`/`DYN_TLS_KEY_PATH` make the data listener speak TLS; a
+/// SIGHUP reads the files again, and new handshakes get the new certificate.
+#[test]
+fn dynamo_tls_env_vars_serve_https_and_sighup_reloads_the_certificate() {
+    let pki = spillway_testkit::tls::Pki::new(&spillway_testkit::tools::scratch_dir("bin-tls"));
+    let w = echo_upstream("w");
+    let file = ConfigFile::new(&format!("{}{}", test_head(1), model("m", "", &[w.url()])));
+    let (cert, key) = (pki.cert.to_str().unwrap(), pki.key.to_str().unwrap());
+    let p = Proc::start(
+        &file,
+        &[("DYN_TLS_CERT_PATH", cert), ("DYN_TLS_KEY_PATH", key)],
+    );
+    let fetch = || {
+        let mut c = Client::connect_tls(p.data, pki.client_config(), "localhost").unwrap();
+        assert_eq!(c.request(&chat("m")).text(), r#"{"worker":"w"}"#);
+        c.peer_certificate().unwrap()
+    };
+    let first = fetch();
+    // Same paths, new contents (as a certificate renewal writes them).
+    let (new_cert, new_key) = pki.leaf("renewed", &["localhost", "127.0.0.1"], false);
+    std::fs::copy(new_cert, &pki.cert).unwrap();
+    std::fs::copy(new_key, &pki.key).unwrap();
+    p.signal(nix::sys::signal::Signal::SIGHUP);
+    eventually(
+        "the renewed certificate served",
+        Duration::from_secs(10),
+        || fetch() != first,
+    );
+}

@@ -1,6 +1,7 @@
 //! The official OpenAI Python client (pip package `openai`) against Spillway in front of
 //! the mock engines: streaming and non-streaming chat, completions, and a 529 surfacing as
-//! the client's documented error. The checks live in tests/openai_client.py.
+//! the client's documented error, over plain HTTP and over TLS. The checks live in
+//! tests/openai_client.py.
 //!
 //! Python comes from `SPILLWAY_PYTHON` (a venv with `openai`; .ci/run makes one) or
 //! `python3`. Without the package the test is skipped, unless `CI` is set, where it fails.
@@ -16,6 +17,18 @@ const MODEL: &str = "Qwen/Qwen3-0.6B";
 
 #[test]
 fn official_openai_client_works_through_spillway() {
+    run_checks(None);
+}
+
+/// The same checks over TLS: Spillway's data listener with a test CA's certificate, the
+/// client trusting that CA (`SSL_CERT_FILE`, which httpx reads).
+#[test]
+fn official_openai_client_works_over_tls() {
+    let pki = spillway_testkit::tls::Pki::new(&spillway_testkit::tools::scratch_dir("openai-tls"));
+    run_checks(Some(&pki));
+}
+
+fn run_checks(tls: Option<&spillway_testkit::tls::Pki>) {
     let python = std::env::var("SPILLWAY_PYTHON").unwrap_or_else(|_| "python3".into());
     let has_client = Command::new(&python)
         .args(["-c", "import openai"])
@@ -42,12 +55,27 @@ fn official_openai_client_works_through_spillway() {
         .collect();
     let urls: Vec<String> = engines.iter().map(|e| e.url()).collect();
     let extra = "router_mode = \"power-of-two\"\nactive_decode_blocks_threshold = 0.85";
-    let p = proxy(1, &model(MODEL, extra, &urls));
+    let tls_section = tls.map_or(String::new(), |pki| {
+        format!(
+            "[tls]\ncert = \"{}\"\nkey = \"{}\"\n",
+            pki.cert.display(),
+            pki.key.display()
+        )
+    });
+    let p = proxy(1, &format!("{tls_section}{}", model(MODEL, extra, &urls)));
+    let base_url = match tls {
+        Some(_) => format!("https://localhost:{}/v1", p.data_addr.port()),
+        None => format!("http://{}/v1", p.data_addr),
+    };
     let workers: Vec<String> = urls.iter().map(|u| worker_name(u)).collect();
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_client.py");
-    let out = Command::new(&python)
+    let mut command = Command::new(&python);
+    if let Some(pki) = tls {
+        command.env("SSL_CERT_FILE", &pki.ca);
+    }
+    let out = command
         .arg(script)
-        .env("BASE_URL", format!("http://{}/v1", p.data_addr))
+        .env("BASE_URL", base_url)
         .env("ADMIN_URL", format!("http://{}", p.admin_addr))
         .env("MODEL", MODEL)
         .env("WORKERS", workers.join(","))

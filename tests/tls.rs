@@ -61,6 +61,14 @@ fn requests_and_streams_over_tls() {
     let r = c.request(&get("/v1/models"));
     assert_eq!(r.status, 200);
     assert!(r.text().contains("\"m\""));
+    // A closing connection says so: close_notify, then the TCP close.
+    let r = c.request(&post_with(
+        "/v1/chat/completions",
+        "connection: close\r\n",
+        r#"{"model":"m"}"#,
+    ));
+    assert_eq!(r.status, 200);
+    c.tls_end().expect("close_notify before the close");
     let m = metrics(p.admin_addr);
     assert!(metric_value(&m, "spillway_tls_handshakes_total").unwrap_or(0.0) >= 1.0);
     assert!(m.contains("spillway_tls_handshake_failures_total 0"), "{m}");

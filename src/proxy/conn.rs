@@ -104,6 +104,10 @@ async fn burst(ctx: Rc<CoreCtx>, parked: Parked) -> Option<(Parked, Instant)> {
     };
     let mut reader = std::pin::pin!(ClientReader::new(half, buf, read_more, canceller));
     let ended = conn.run(reader.as_mut()).await;
+    if matches!(ended, Ended::Closed) {
+        // TLS says it is done (close_notify), so the client can tell an end from a cut.
+        conn.io.writer.close_notify().await;
+    }
     let Conn { ctx, io, peer, .. } = conn;
     ctx.write_bufs.borrow_mut().give(io.out);
     let mut reads = ctx.read_bufs.borrow_mut();

@@ -12,6 +12,9 @@ use monoio::net::tcp::{TcpOwnedReadHalf, TcpOwnedWriteHalf};
 
 use super::tls::{Rx, Tx};
 
+/// The longest a closing TLS connection waits to write its close_notify.
+pub const CLOSE_NOTIFY_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The read half.
 pub enum ClientRead {
     Plain(TcpOwnedReadHalf),
@@ -124,6 +127,17 @@ impl ClientWrite {
                 tx.sealed = sealed;
                 (res.map(drop), buf)
             }
+        }
+    }
+
+    /// TLS: a close_notify alert before the connection closes, best effort (a peer that
+    /// reads nothing gets [`CLOSE_NOTIFY_WAIT`]).
+    pub async fn close_notify(&mut self) {
+        if let ClientWrite::Tls(half, tx) = self
+            && tx.close_notify().is_ok()
+        {
+            let write = half.write_all(std::mem::take(&mut tx.sealed));
+            let _ = monoio::time::timeout(CLOSE_NOTIFY_WAIT, write).await;
         }
     }
 

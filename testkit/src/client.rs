@@ -89,6 +89,19 @@ impl Client {
         ))
     }
 
+    /// TLS: reads until the session ends; an error unless the server said close_notify
+    /// before closing.
+    pub fn tls_end(&mut self) -> std::io::Result<()> {
+        let conn = self.tls.as_mut().expect("a TLS client");
+        let mut tmp = [0u8; 4096];
+        loop {
+            match rustls::Stream::new(&mut **conn, &mut self.stream).read(&mut tmp)? {
+                0 => return Ok(()),
+                n => self.buf.extend_from_slice(&tmp[..n]),
+            }
+        }
+    }
+
     /// The server's leaf certificate (DER).
     pub fn peer_certificate(&self) -> Option<Vec<u8>> {
         let conn = self.tls.as_ref()?;

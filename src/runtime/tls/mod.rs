@@ -176,4 +176,12 @@ impl Tx {
             .seal(APPLICATION_DATA, plain, &mut self.sealed)
             .map_err(invalid)
     }
+
+    /// Seals a close_notify alert into [`Tx::sealed`].
+    pub fn close_notify(&mut self) -> io::Result<()> {
+        self.sealed.clear();
+        (self.keys)
+            .seal(ALERT, &[1, CLOSE_NOTIFY], &mut self.sealed)
+            .map_err(invalid)
+    }
 }
