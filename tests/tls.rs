@@ -11,6 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use rustls::pki_types::pem::PemObject;
 use spillway::config::ConfigError;
 use spillway::{Config, Overrides};
 use spillway_testkit::tls::Pki;
@@ -302,4 +303,46 @@ fn certificates_reload_under_load_without_a_failed_request() {
         ok.load(Ordering::Relaxed) > 10,
         "{ok:?} requests under load"
     );
+}
+
+#[test]
+fn client_certificates_are_required_when_client_ca_is_set() {
+    let dir = scratch_dir("tls");
+    let pki = Pki::new(&dir);
+    let (client_cert, client_key) = pki.leaf("client", &["client.example"], false);
+    let extra = format!("client_ca = \"{}\"", pki.ca.display());
+    let (p, _w) = tls_proxy(&pki, &extra);
+    // A request that closes its connection: served, it ends with close_notify.
+    let close = post_with(
+        "/v1/chat/completions",
+        "connection: close\r\n",
+        r#"{"model":"m"}"#,
+    );
+    // Without a certificate: refused (TLS 1.3 reports it on the first read).
+    let without =
+        Client::connect_tls(p.data_addr, pki.client_config(), "localhost").and_then(|mut c| {
+            c.write_raw(&close)?;
+            c.tls_end()
+        });
+    assert!(without.is_err(), "served a client without a certificate");
+    // With one the CA signed: served.
+    let chain = spillway::tls::material::certificates("client", &client_cert).unwrap();
+    let key = rustls::pki_types::PrivateKeyDer::from_pem_file(&client_key).unwrap();
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in spillway::tls::material::certificates("ca", &pki.ca).unwrap() {
+        roots.add(cert).unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_client_auth_cert(chain, key)
+    .unwrap();
+    let mut c = Client::connect_tls(p.data_addr, Arc::new(config), "localhost").unwrap();
+    assert_eq!(c.request(&chat("m")).status, 200);
+    c.write_raw(&close).unwrap();
+    c.tls_end().expect("served to the end");
+    assert!(String::from_utf8_lossy(c.buffered()).starts_with("HTTP/1.1 200"));
 }

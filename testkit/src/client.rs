@@ -102,6 +102,11 @@ impl Client {
         }
     }
 
+    /// Bytes read but not taken by a response yet.
+    pub fn buffered(&self) -> &[u8] {
+        &self.buf
+    }
+
     /// The server's leaf certificate (DER).
     pub fn peer_certificate(&self) -> Option<Vec<u8>> {
         let conn = self.tls.as_ref()?;
@@ -113,7 +118,8 @@ impl Client {
         self.write_raw(raw).expect("send");
     }
 
-    fn write_raw(&mut self, raw: &[u8]) -> std::io::Result<()> {
+    /// Writes `raw` as is; the error, if any, is the caller's to judge.
+    pub fn write_raw(&mut self, raw: &[u8]) -> std::io::Result<()> {
         match &mut self.tls {
             Some(conn) => rustls::Stream::new(&mut **conn, &mut self.stream).write_all(raw),
             None => self.stream.write_all(raw),
