@@ -65,6 +65,15 @@ fn requests_and_streams_over_pooled_tls_connections() {
         metric_value(&edge_m, "spillway_tls_handshakes_total"),
         Some(1.0)
     );
+    // Idle long enough for the pool's liveness peek: nothing unread, still reused.
+    std::thread::sleep(Duration::from_millis(400));
+    assert_eq!(c.request(&chat("m")).status, 200);
+    let m = metrics(p.admin_addr);
+    assert_eq!(
+        metric_value(&m, "spillway_upstream_connects_total"),
+        Some(1.0),
+        "{m}"
+    );
 }
 
 #[test]

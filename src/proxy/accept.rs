@@ -1,4 +1,5 @@
-//! A core's listener: accept connections (over `max_connections` a canned 503 and a close)
+//! A core's listener: accept connections (over `max_connections` a canned 503 and a close,
+//! or only the close on a TLS listener)
 //! until told to stop; on a drain, wait for the requests in flight first.
 
 use std::net::SocketAddr;
@@ -63,7 +64,10 @@ fn accepted(ctx: &Rc<CoreCtx>, stream: TcpStream, peer: SocketAddr, tls: bool) {
     if shared.connections.fetch_add(1, Ordering::AcqRel) >= max {
         shared.connections.fetch_sub(1, Ordering::AcqRel);
         add(&ctx.counters().connections_refused, 1);
-        monoio::spawn(refuse(ctx.clone(), stream));
+        // A TLS client could not read a plain answer: it just sees the close.
+        if !tls {
+            monoio::spawn(refuse(ctx.clone(), stream));
+        }
         return;
     }
     monoio::spawn(serve(ctx.clone(), stream, peer, tls));
