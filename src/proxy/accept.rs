@@ -1,6 +1,6 @@
-//! A core's listener: accept connections (over `max_connections` a canned 503 and a close,
-//! or only the close on a TLS listener)
-//! until told to stop; on a drain, wait for the requests in flight first.
+//! A core's listeners: accept connections until told to stop (over `max_connections` a
+//! canned 503 and a close, or only the close on a TLS listener); on a drain, wait for the
+//! requests in flight first.
 
 use std::net::SocketAddr;
 use std::os::unix::net::UnixStream as StdUnixStream;
