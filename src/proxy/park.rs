@@ -89,7 +89,7 @@ impl Drop for Place<'_> {
 pub(super) async fn park(ctx: &CoreCtx, parked: Parked, since: Instant) -> Option<Parked> {
     let Parked {
         mut half,
-        writer,
+        mut writer,
         peer,
         canceller,
         probe,
@@ -102,6 +102,7 @@ pub(super) async fn park(ctx: &CoreCtx, parked: Parked, since: Instant) -> Optio
     let key = (ctx.parked.borrow_mut().deadlines).insert((deadline, Some(canceller)));
     let place = Place { ctx, key };
     half.park();
+    writer.park();
     let (res, probe) = half.tcp().cancelable_read(probe, handle).await;
     // A request that beat the sweep's cancel is served (with a fresh canceller).
     let canceller = place.leave();

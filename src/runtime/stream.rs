@@ -130,6 +130,13 @@ impl ClientWrite {
         }
     }
 
+    /// The connection parks: buffers it can do without go.
+    pub fn park(&mut self) {
+        if let ClientWrite::Tls(_, tx) = self {
+            tx.park();
+        }
+    }
+
     /// TLS: a close_notify alert before the connection closes, best effort (a peer that
     /// reads nothing gets [`CLOSE_NOTIFY_WAIT`]).
     pub async fn close_notify(&mut self) {

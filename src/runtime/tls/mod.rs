@@ -177,6 +177,11 @@ impl Tx {
             .map_err(invalid)
     }
 
+    /// Gives the write buffer's memory back while the connection idles.
+    pub fn park(&mut self) {
+        self.sealed = Vec::new();
+    }
+
     /// Seals a close_notify alert into [`Tx::sealed`].
     pub fn close_notify(&mut self) -> io::Result<()> {
         self.sealed.clear();
