@@ -71,8 +71,14 @@ fn worker() -> String {
     worker_url
 }
 
-/// The allocation count is process-wide: one measurement at a time.
+/// The allocation count is process-wide: one test at a time, each taking this first,
+/// before it allocates anything (a test building its requests would count in another's
+/// measurement).
 static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    MEASURING.lock().unwrap_or_else(|e| e.into_inner())
+}
 
 /// Heap allocations while a proxy in front of `workers` fake workers, configured by
 /// `model_toml` (given their URLs), serves `requests` in turn 5,000 times, after a warm-up.
@@ -81,7 +87,6 @@ fn allocations_per_steady_run(
     model_toml: impl Fn(&[String]) -> String,
     requests: &[Vec<u8>],
 ) -> u64 {
-    let _one_at_a_time = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
     let urls: Vec<String> = (0..workers).map(|_| worker()).collect();
     // Connections that idle past `buffer_release_ms` park and allocate their request
     // loop's state again when they wake (once per wake, not per request): keep this one
@@ -116,6 +121,7 @@ fn allocations_per_steady_run(
 
 #[test]
 fn steady_state_proxying_allocates_nothing() {
+    let _one = one_at_a_time();
     assert_eq!(
         REQUEST.len() - REQUEST.windows(4).position(|w| w == b"\r\n\r\n").unwrap() - 4,
         72
@@ -128,6 +134,7 @@ fn steady_state_proxying_allocates_nothing() {
 /// conversations) is hashed, looked up in the predicted-cache index and recorded there.
 #[test]
 fn kv_routing_allocates_nothing() {
+    let _one = one_at_a_time();
     let system = "You are a helpful assistant. ".repeat(40);
     let requests: Vec<Vec<u8>> = (0..4)
         .map(|k| {
@@ -152,6 +159,7 @@ fn kv_routing_allocates_nothing() {
 /// (its allocations are not this process's).
 #[test]
 fn steady_state_over_tls_allocates_nothing() {
+    let _one = one_at_a_time();
     use std::io::BufRead;
     use std::process::{Command, Stdio};
     let python = std::env::var("SPILLWAY_PYTHON").unwrap_or_else(|_| "python3".into());
@@ -162,7 +170,6 @@ fn steady_state_over_tls_allocates_nothing() {
         );
         return;
     }
-    let _one_at_a_time = MEASURING.lock().unwrap_or_else(|e| e.into_inner());
     let pki = spillway_testkit::tls::Pki::new(&spillway_testkit::tools::scratch_dir("alloc-tls"));
     let toml = format!(
         "[limits]\nbuffer_release_ms = 600000\n[tls]\ncert = \"{}\"\nkey = \"{}\"\n{}",
