@@ -57,38 +57,42 @@ trait Unbuffered {
         &'c mut self,
         incoming: &'i mut [u8],
     ) -> UnbufferedStatus<'c, 'i, Self::Data>;
-    fn finish(self) -> Result<(rustls::ExtractedSecrets, Kernel, Option<Vec<u8>>), rustls::Error>;
+    fn finish(self) -> Result<Finished, rustls::Error>;
 }
 
-impl Unbuffered for UnbufferedServerConnection {
-    type Data = rustls::server::ServerConnectionData;
-    fn process<'c, 'i>(
-        &'c mut self,
-        incoming: &'i mut [u8],
-    ) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(incoming)
-    }
-    fn finish(self) -> Result<(rustls::ExtractedSecrets, Kernel, Option<Vec<u8>>), rustls::Error> {
-        let alpn = self.alpn_protocol().map(<[u8]>::to_vec);
-        let (secrets, kernel) = self.dangerous_into_kernel_connection()?;
-        Ok((secrets, Kernel::Server(kernel), alpn))
-    }
+/// What a finished handshake hands over: the secrets, rustls' post-handshake state, ALPN.
+type Finished = (rustls::ExtractedSecrets, Kernel, Option<Vec<u8>>);
+
+/// The two sides differ only in their types and in which [`Kernel`] they become.
+macro_rules! unbuffered {
+    ($conn:ty, $data:ty, $kernel:path) => {
+        impl Unbuffered for $conn {
+            type Data = $data;
+            fn process<'c, 'i>(
+                &'c mut self,
+                incoming: &'i mut [u8],
+            ) -> UnbufferedStatus<'c, 'i, Self::Data> {
+                self.process_tls_records(incoming)
+            }
+            fn finish(self) -> Result<Finished, rustls::Error> {
+                let alpn = self.alpn_protocol().map(<[u8]>::to_vec);
+                let (secrets, kernel) = self.dangerous_into_kernel_connection()?;
+                Ok((secrets, $kernel(kernel), alpn))
+            }
+        }
+    };
 }
 
-impl Unbuffered for UnbufferedClientConnection {
-    type Data = rustls::client::ClientConnectionData;
-    fn process<'c, 'i>(
-        &'c mut self,
-        incoming: &'i mut [u8],
-    ) -> UnbufferedStatus<'c, 'i, Self::Data> {
-        self.process_tls_records(incoming)
-    }
-    fn finish(self) -> Result<(rustls::ExtractedSecrets, Kernel, Option<Vec<u8>>), rustls::Error> {
-        let alpn = self.alpn_protocol().map(<[u8]>::to_vec);
-        let (secrets, kernel) = self.dangerous_into_kernel_connection()?;
-        Ok((secrets, Kernel::Client(kernel), alpn))
-    }
-}
+unbuffered!(
+    UnbufferedServerConnection,
+    rustls::server::ServerConnectionData,
+    Kernel::Server
+);
+unbuffered!(
+    UnbufferedClientConnection,
+    rustls::client::ClientConnectionData,
+    Kernel::Client
+);
 
 /// The server side, on an accepted stream. `first`: bytes already read from it.
 pub async fn accept(
