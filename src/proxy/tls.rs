@@ -28,7 +28,7 @@ pub(super) async fn handshake(
         .map_or(DEFAULT_HANDSHAKE_TIMEOUT_MS, |l| l.handshake_timeout_ms);
     let done = monoio::time::timeout(
         Duration::from_millis(timeout_ms),
-        handshake::accept(&mut stream, config, Vec::new()),
+        handshake::accept(&mut stream, config),
     )
     .await;
     let error = match done {

@@ -27,6 +27,8 @@ pub enum HandshakeError {
     NotTls,
     #[error("the peer closed during the handshake")]
     Closed,
+    #[error("unexpected handshake state")]
+    Unexpected,
     #[error("{0}")]
     Io(#[from] io::Error),
     #[error("{0}")]
@@ -94,14 +96,13 @@ unbuffered!(
     Kernel::Client
 );
 
-/// The server side, on an accepted stream. `first`: bytes already read from it.
+/// The server side, on an accepted stream.
 pub async fn accept(
     stream: &mut TcpStream,
     config: Arc<ServerConfig>,
-    first: Vec<u8>,
 ) -> Result<Established, HandshakeError> {
     let conn = UnbufferedServerConnection::new(config)?;
-    run(stream, conn, first, true).await
+    run(stream, conn, true).await
 }
 
 /// The client side, on a connected stream, checking the certificate against `name`.
@@ -111,7 +112,7 @@ pub async fn connect(
     name: ServerName<'static>,
 ) -> Result<Established, HandshakeError> {
     let conn = UnbufferedClientConnection::new(config, name)?;
-    run(stream, conn, Vec::new(), false).await
+    run(stream, conn, false).await
 }
 
 enum Step {
@@ -156,10 +157,9 @@ async fn read(stream: &mut TcpStream, mut incoming: Vec<u8>) -> Result<Vec<u8>, 
 async fn run<C: Unbuffered>(
     stream: &mut TcpStream,
     mut conn: C,
-    mut incoming: Vec<u8>,
     server: bool,
 ) -> Result<Established, HandshakeError> {
-    incoming.reserve(MAX_RECORD);
+    let mut incoming = Vec::with_capacity(MAX_RECORD);
     let mut outgoing = Vec::with_capacity(4096);
     let mut plain = Vec::new();
     // A server checks the first byte it gets: a ClientHello's record, or plain text.
@@ -194,7 +194,8 @@ async fn run<C: Unbuffered>(
             ConnectionState::PeerClosed | ConnectionState::Closed => {
                 return Err(HandshakeError::Closed);
             }
-            _ => Step::Again,
+            // Early data (never enabled) and states rustls may add.
+            _ => return Err(HandshakeError::Unexpected),
         };
         incoming.drain(..discard.min(incoming.len()));
         match step {
