@@ -241,41 +241,60 @@ mod tests {
         assert!(b4.change.full && !b4.change.is_empty());
     }
 
+    use super::super::adaptive::Adaptivity;
+    use super::super::load::{Latches, LoadTable, Rule, evaluate, evaluate_members, parse_events};
+    use crate::state::BusySet;
+
+    /// The rule's inputs besides the load table.
+    struct RuleState {
+        thresholds: HashMap<String, crate::shed::Thresholds>,
+        adaptivity: Adaptivity,
+        latches: Latches,
+        recheck: Vec<u64>,
+    }
+
+    impl RuleState {
+        fn new(s: &Snapshot) -> RuleState {
+            RuleState {
+                thresholds: HashMap::from([("m".to_string(), s.config.models[0].thresholds)]),
+                adaptivity: Adaptivity::default(),
+                latches: Latches::default(),
+                recheck: Vec::new(),
+            }
+        }
+
+        fn rule(&mut self) -> Rule<'_> {
+            Rule {
+                thresholds: &self.thresholds,
+                adaptivity: &self.adaptivity,
+                latches: &mut self.latches,
+                recheck: &mut self.recheck,
+            }
+        }
+
+        /// What a full pass with fresh latches gives.
+        fn full(s: &Snapshot, table: &LoadTable) -> BusySet {
+            let mut out = BusySet::default();
+            evaluate(s, table, RuleState::new(s).rule(), 0, &mut out);
+            out
+        }
+    }
+
+    fn push(s: &Snapshot, table: &mut LoadTable, body: &str) {
+        let events = parse_events(body.as_bytes()).unwrap();
+        table
+            .push_known(s, &events, 0, &mut HashSet::new())
+            .unwrap();
+    }
+
     /// The commit's partial pass (clear who left, evaluate who joined or changed) leaves
     /// the set a full pass over the next generation gives.
     #[test]
     fn a_partial_pass_over_the_change_agrees_with_a_full_one() {
-        use super::super::adaptive::Adaptivity;
-        use super::super::load::{
-            Latches, LoadTable, Rule, evaluate, evaluate_members, parse_events,
-        };
-        use crate::state::BusySet;
-        use std::collections::HashSet;
-
         let file = FILE.replace(
             "[[models.workers]]",
             "[models.discovered]\nkv_total_blocks = 100\n[[models.workers]]",
         );
-        let thresholds = HashMap::from([("m".to_string(), base(&file).0.models[0].thresholds)]);
-        let adaptivity = Adaptivity::default();
-        let (mut latches, mut recheck) = (Latches::default(), Vec::new());
-        let full = |s: &Snapshot, table: &LoadTable| {
-            let (mut l, mut r, mut out) = (Latches::default(), Vec::new(), BusySet::default());
-            let rule = Rule {
-                thresholds: &thresholds,
-                adaptivity: &adaptivity,
-                latches: &mut l,
-                recheck: &mut r,
-            };
-            evaluate(s, table, rule, 0, &mut out);
-            out
-        };
-        let push = |s: &Snapshot, table: &mut LoadTable, body: &str| {
-            let events = parse_events(body.as_bytes()).unwrap();
-            table
-                .push_known(s, &events, 0, &mut HashSet::new())
-                .unwrap();
-        };
         let mut registry = Registry::new(1, 0);
         let (c, a) = base(&file);
         let first = Arc::new(registry.build(c, &a));
@@ -289,15 +308,9 @@ mod tests {
         let mut table = LoadTable::default();
         let busy = r#"[{"worker_id":"a","active_decode_blocks":90},{"worker_id":"b","active_decode_blocks":90},{"worker_id":"c","active_decode_blocks":10}]"#;
         push(&s1, &mut table, busy);
-        let mut set = BusySet::default();
-        let rule = Rule {
-            thresholds: &thresholds,
-            adaptivity: &adaptivity,
-            latches: &mut latches,
-            recheck: &mut recheck,
-        };
-        evaluate(&s1, &table, rule, 0, &mut set);
-        assert_eq!(set, full(&s1, &table));
+        let (mut st, mut set) = (RuleState::new(&s1), BusySet::default());
+        evaluate(&s1, &table, st.rule(), 0, &mut set);
+        assert_eq!(set, RuleState::full(&s1, &table));
         // b leaves (it was busy), d joins.
         let (_, b2) = build(registry, &file, &s1, found(&[("a", 1), ("c", 3), ("d", 4)]));
         let s2 = b2.snap;
@@ -312,21 +325,16 @@ mod tests {
         for &id in &b2.change.left {
             set.clear_member(id);
         }
-        let rule = Rule {
-            thresholds: &thresholds,
-            adaptivity: &adaptivity,
-            latches: &mut latches,
-            recheck: &mut recheck,
-        };
+        let members = b2.change.evaluate.iter().copied();
         assert!(evaluate_members(
             &s2,
             &table,
-            rule,
+            st.rule(),
             0,
             &mut set,
-            b2.change.evaluate.iter().copied()
+            members
         ));
-        assert_eq!(set, full(&s2, &table));
+        assert_eq!(set, RuleState::full(&s2, &table));
         assert_eq!(table.workers.len(), 3, "b's load is forgotten");
     }
 }
