@@ -203,7 +203,11 @@ impl Control {
     /// for every core, then only the members that joined, left or changed are evaluated
     /// again. The log line's `build_ms` runs from the start of the build, `commit_us` is
     /// this step's time on the loop.
-    fn commit_found(&mut self, built: Built, started: u64, back: std::time::Instant) {
+    fn commit_found(&mut self, mut built: Built, started: u64, back: std::time::Instant) {
+        // The change is against the generation the build started from; only a build
+        // moves the registry's generation on, so another one in between means a full pass.
+        let running = self.shared.snapshot.load().generation;
+        built.change.full |= running + 1 != built.snap.generation;
         for reason in &built.skipped {
             tracing::warn!("{reason}");
         }
