@@ -23,7 +23,8 @@
 //! events per second received, generations built per second, join latency, and publish →
 //! visible percentiles. `cargo bench --bench fleet_scale`; `SPILLWAY_BENCH_WORKERS`
 //! (default 4096), `SPILLWAY_BENCH_SECS` (default 20) and `SPILLWAY_BENCH_CHURN_PCT`
-//! (percent of the workers leaving per second, default 1; 0 for none). Without `--bench`
+//! (percent of the workers leaving per second, default 1; 0 for none); with
+//! `SPILLWAY_BENCH_LOG` set, Spillway's info log goes to stderr. Without `--bench`
 //! (`cargo test --benches`) a short smoke run with 128 workers.
 #![allow(clippy::disallowed_methods)] // a benchmark times itself
 
@@ -266,6 +267,13 @@ fn main() {
     let workers: usize = env("SPILLWAY_BENCH_WORKERS").unwrap_or(if bench { 4096 } else { 128 });
     let secs: u64 = env("SPILLWAY_BENCH_SECS").unwrap_or(if bench { 20 } else { 2 });
     let churn_pct: usize = env("SPILLWAY_BENCH_CHURN_PCT").unwrap_or(1);
+    if std::env::var_os("SPILLWAY_BENCH_LOG").is_some() {
+        // Spillway's own log lines (e.g. each generation's `build_ms` and `commit_us`).
+        tracing_subscriber::fmt()
+            .with_env_filter("spillway=info")
+            .with_writer(std::io::stderr)
+            .init();
+    }
     let (Some(etcd), Some(nats)) = (Etcd::start(), Nats::start()) else {
         return;
     };

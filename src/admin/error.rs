@@ -110,7 +110,8 @@ impl AdminError {
     pub fn retry_safe(&self) -> bool {
         matches!(
             self,
-            AdminError::Reload(ReloadError::Cancelled) | AdminError::TooManyConnections
+            AdminError::Reload(ReloadError::Cancelled | ReloadError::Busy)
+                | AdminError::TooManyConnections
         )
     }
 

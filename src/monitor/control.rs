@@ -20,7 +20,8 @@ use crate::tls::{self, Material, TlsError};
 #[derive(Debug)]
 pub struct Control {
     pub shared: Arc<Shared>,
-    pub registry: Registry,
+    /// `None` while a generation of found workers is being built off the loop.
+    pub registry: Option<Registry>,
     pub source: ConfigSource,
     /// The file's configuration and its addresses, before found workers are added.
     pub base: (Config, Addrs),
@@ -62,6 +63,8 @@ pub enum ReloadError {
     Immutable(&'static str),
     #[error("the reload was cancelled")]
     Cancelled,
+    #[error("a generation of found workers is still being built; try again")]
+    Busy,
 }
 
 /// A reload's inputs: the configuration, its addresses, the TLS files it names.
@@ -86,6 +89,7 @@ pub async fn reload(control: &RefCell<Control>) -> Result<u64, ReloadError> {
             let loaded = monoio::spawn_blocking(move || load(&path, &source.overrides)).await;
             match loaded {
                 Ok(Ok((config, addrs, material))) => {
+                    registry_back(control).await;
                     let committed = control.borrow_mut().commit(config, &addrs);
                     if committed.is_ok() {
                         // New handshakes use the new certificate; open sessions keep theirs.
@@ -111,6 +115,19 @@ pub async fn reload(control: &RefCell<Control>) -> Result<u64, ReloadError> {
     }
     result
 }
+
+/// Waits (bounded) until the registry is back from a build of found workers.
+async fn registry_back(control: &RefCell<Control>) {
+    for _ in 0..REGISTRY_WAIT_MS {
+        if control.borrow().registry.is_some() {
+            return;
+        }
+        monoio::time::sleep(std::time::Duration::from_millis(1)).await;
+    }
+}
+
+/// How long a reload waits for a generation of found workers to be built.
+const REGISTRY_WAIT_MS: u32 = 5_000;
 
 /// Settings that only a restart can change.
 fn immutable_change(next: &Config, was: &Config) -> Option<&'static str> {
@@ -161,7 +178,7 @@ impl Control {
         fleet.sync(&base.0);
         Control {
             shared,
-            registry,
+            registry: Some(registry),
             source,
             base,
             fleet,
@@ -185,7 +202,7 @@ impl Control {
     }
 
     /// Before an evaluation: folds tracked load in and steps the adaptive mode.
-    fn fold_in(&mut self) -> (Arc<Snapshot>, u64) {
+    pub(super) fn fold_in(&mut self) -> (Arc<Snapshot>, u64) {
         let snap = self.shared.snapshot.load_full();
         let now = clock::now_ms();
         self.monitor.refresh_tracked(&snap, now);
@@ -203,13 +220,19 @@ impl Control {
         if let Some(key) = immutable_change(&next, &old.config) {
             return Err(ReloadError::Immutable(key));
         }
+        if self.registry.is_none() {
+            return Err(ReloadError::Busy);
+        }
         self.fleet.sync(&next);
         self.base = (next, addrs.clone());
         let (next, addrs) = self.effective();
         let addrs = &addrs;
         let ((old_models, old_workers), (new_models, new_workers)) =
             (names(&old.config), names(&next));
-        let snap = Arc::new(self.registry.build(next, addrs));
+        let Some(registry) = self.registry.as_mut() else {
+            return Err(ReloadError::Busy);
+        };
+        let snap = Arc::new(registry.build(next, addrs));
         self.monitor.on_reload(&snap);
         self.shared.snapshot.store(snap.clone());
         self.republish();

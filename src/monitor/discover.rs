@@ -61,7 +61,7 @@ pub async fn supervise(control: Shared) {
                 }
             }
         }
-        control.borrow_mut().build_found(clock::now_ms());
+        super::fleet::build_found(&control, clock::now_ms()).await;
         monoio::time::sleep(Duration::from_millis(super::fleet::BUILD_INTERVAL_MS / 2)).await;
     }
 }

@@ -115,18 +115,32 @@ pub fn members_by_slot(snap: &Snapshot) -> HashMap<u32, Vec<(u32, u32)>> {
 pub fn evaluate_slots(
     snap: &Snapshot,
     table: &LoadTable,
-    mut rule: Rule<'_>,
+    rule: Rule<'_>,
     now: u64,
     out: &mut BusySet,
     slots: &HashSet<u32>,
     index: &HashMap<u32, Vec<(u32, u32)>>,
 ) -> bool {
+    let members = slots.iter().filter_map(|s| index.get(s)).flatten();
+    evaluate_members(snap, table, rule, now, out, members.copied())
+}
+
+/// Evaluates again the members at `(model index, member position)` of `snap`, in a set
+/// that holds the last evaluation. Returns whether any of their entries changed.
+pub fn evaluate_members(
+    snap: &Snapshot,
+    table: &LoadTable,
+    mut rule: Rule<'_>,
+    now: u64,
+    out: &mut BusySet,
+    members: impl IntoIterator<Item = (u32, u32)>,
+) -> bool {
     let mut changed = false;
-    for (mi, pos) in slots.iter().filter_map(|s| index.get(s)).flatten() {
-        let Some(model) = snap.models.get(*mi as usize) else {
+    for (mi, pos) in members {
+        let Some(model) = snap.models.get(mi as usize) else {
             continue;
         };
-        let Some(member) = model.members.get(*pos as usize) else {
+        let Some(member) = model.members.get(pos as usize) else {
             continue;
         };
         changed |= evaluate_member(snap, table, &mut rule, (model, member), now, out, true);

@@ -4,13 +4,17 @@
 //! a vanished one gets no new requests, finishes what it has, its pool drains). A source
 //! that fails keeps its last good membership. The sources themselves: `discover.rs`.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashSet};
 use std::net::SocketAddr;
+use std::rc::Rc;
 use std::sync::Arc;
 
 use super::Control;
+use super::generation::{Built, FoundMap, Job};
 use crate::config::{Addrs, Config, DiscoverySource, Found, NatsConfig};
 use crate::runtime::clock;
+use crate::state::Snapshot;
 
 /// Found workers are folded into a new generation at most this often.
 pub const BUILD_INTERVAL_MS: u64 = 100;
@@ -53,7 +57,7 @@ pub struct NatsState {
 pub struct Fleet {
     pub sources: BTreeMap<String, SourceState>,
     pub nats: NatsState,
-    pub found: BTreeMap<String, Vec<(Found, SocketAddr)>>,
+    pub found: FoundMap,
     next_epoch: u64,
     dirty: bool,
     last_build_ms: u64,
@@ -140,16 +144,16 @@ impl Fleet {
                 }
                 s.up = Some(true);
                 s.last_error = None;
-                if self.found.get(model) != Some(&list) {
+                if self.found.get(model).map(|l| &l[..]) != Some(&list[..]) {
                     s.updates += 1;
-                    self.found.insert(model.to_string(), list);
+                    self.found.insert(model.to_string(), list.into());
                     self.dirty = true;
                 }
             }
             Err(e) => {
                 s.errors += 1;
                 if s.up != Some(false) {
-                    let kept = self.found.get(model).map_or(0, Vec::len);
+                    let kept = self.found.get(model).map_or(0, |l| l.len());
                     tracing::warn!(model, source = kind, error = %e, kept, "worker source failed; keeping its last good membership");
                 }
                 s.up = Some(false);
@@ -161,7 +165,7 @@ impl Fleet {
 
     /// Members a model's source holds now.
     pub fn members(&self, model: &str) -> usize {
-        self.found.get(model).map_or(0, Vec::len)
+        self.found.get(model).map_or(0, |l| l.len())
     }
 }
 
@@ -175,28 +179,83 @@ impl Control {
         (config, addrs)
     }
 
-    /// Commits what the sources found when it changed and the last build is old enough.
-    pub fn build_found(&mut self, now: u64) {
-        if !self.fleet.dirty || now.saturating_sub(self.fleet.last_build_ms) < BUILD_INTERVAL_MS {
-            return;
+    /// The build of what the sources found, when it changed, the last build is old
+    /// enough and the registry is here (not away with a build); marks it built.
+    fn found_job(&mut self, now: u64) -> Option<Job> {
+        let due = self.fleet.dirty
+            && now.saturating_sub(self.fleet.last_build_ms) >= BUILD_INTERVAL_MS
+            && self.registry.is_some();
+        if !due {
+            return None;
         }
+        let registry = self.registry.take()?;
         self.fleet.dirty = false;
         self.fleet.last_build_ms = now;
-        let (config, addrs) = self.effective();
+        Some(Job {
+            registry,
+            base: self.base.clone(),
+            found: self.fleet.found.clone(),
+            old: self.shared.snapshot.load_full(),
+        })
+    }
+
+    /// Commits a generation built off the loop (`back`: when it came back): one store
+    /// for every core, then only the members that joined, left or changed are evaluated
+    /// again. The log line's `build_ms` runs from the start of the build, `commit_us` is
+    /// this step's time on the loop.
+    fn commit_found(&mut self, mut built: Built, started: u64, back: std::time::Instant) {
+        // The change is against the generation the build started from; only a build
+        // moves the registry's generation on, so another one in between means a full pass.
+        let running = self.shared.snapshot.load().generation;
+        built.change.full |= running + 1 != built.snap.generation;
+        for reason in &built.skipped {
+            tracing::warn!("{reason}");
+        }
         let before = self.shared.snapshot.load().workers.len();
-        let snap = Arc::new(self.registry.build(config, &addrs));
-        self.monitor.on_reload(&snap);
-        self.shared.snapshot.store(snap.clone());
-        self.republish();
+        let snap = Arc::new(built.snap);
+        self.monitor
+            .on_members_changed(&snap, &built.change, built.index);
+        let replaced = self.shared.snapshot.swap(snap.clone());
+        retire(replaced);
+        let now = self.fold_in().1;
+        self.monitor
+            .publish_change(&self.shared, &snap, now, &built.change);
         tracing::info!(
             generation = snap.generation,
-            build_ms = clock::now_ms().saturating_sub(now),
+            build_ms = clock::now_ms().saturating_sub(started),
+            commit_us = clock::since(back).as_micros() as u64,
+            joined_or_changed = built.change.evaluate.len(),
+            left = built.change.left.len(),
             workers_before = before,
             workers = snap.workers.len(),
             found = ?self.fleet.sources.keys().map(|m| (m.as_str(), self.fleet.members(m))).collect::<Vec<_>>(),
             "found workers committed on every core"
         );
     }
+}
+
+/// Commits what the sources found when it changed and the last build is old enough. The
+/// configuration and snapshot are built on the blocking pool (the registry goes with
+/// them and comes back); the loop keeps applying NATS load meanwhile.
+pub async fn build_found(control: &Rc<RefCell<Control>>, now: u64) {
+    let Some(job) = control.borrow_mut().found_job(now) else {
+        return;
+    };
+    let Ok((registry, built)) = monoio::spawn_blocking(move || job.run()).await else {
+        // The pool is gone (shutting down): the registry with it.
+        return tracing::warn!("building a generation of found workers was cancelled");
+    };
+    let mut c = control.borrow_mut();
+    c.registry = Some(registry);
+    c.commit_found(built, now, clock::now());
+}
+
+/// Drops a replaced snapshot on the blocking pool: the last reference to thousands of
+/// workers' settings is freed off the loop (a core still reading it drops it itself).
+fn retire(snap: Arc<Snapshot>) {
+    monoio::spawn(async move {
+        let _ = monoio::spawn_blocking(move || drop(snap)).await;
+    });
 }
 
 #[cfg(test)]

@@ -174,7 +174,7 @@ impl WorkerLoad {
 }
 
 /// A worker id in a load event: the configured name, or a number matched against names.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum WorkerRef {
     Name(String),
     Number(u64),
@@ -301,8 +301,10 @@ impl LoadTable {
         self.push_where(snap, events, now, Some(touched))
     }
 
-    /// Checks every event (each worker looked up once), then applies them. Without
-    /// `touched`, an unknown worker refuses the batch; with it, its events are skipped.
+    /// Checks every event, then applies them. A worker is looked up once per run of
+    /// its events (a message usually carries all of one worker's ranks), and each run is
+    /// applied to its worker's entry in one go. Without `touched`, an unknown worker
+    /// refuses the batch; with it, its events are skipped.
     fn push_where(
         &mut self,
         snap: &Snapshot,
@@ -310,29 +312,38 @@ impl LoadTable {
         now: u64,
         mut touched: Option<&mut HashSet<u32>>,
     ) -> Result<(usize, usize), PushError> {
-        let mut targets = Vec::with_capacity(events.len());
+        let mut targets: Vec<(&LoadEvent, Option<u32>)> = Vec::with_capacity(events.len());
         let (mut unknown, mut skipped) = (Vec::new(), 0);
+        let mut prev: Option<(&WorkerRef, Option<&crate::state::Worker>)> = None;
         for e in events {
-            let Some(w) = e.worker_id.with_name(|name| snap.worker_named(name)) else {
+            let found = match prev {
+                Some((id, w)) if *id == e.worker_id => w,
+                _ => e.worker_id.with_name(|name| snap.worker_named(name)),
+            };
+            prev = Some((&e.worker_id, found));
+            let Some(w) = found else {
                 if touched.is_none() {
                     unknown.push(e.worker_id.name());
                 }
                 skipped += 1;
-                targets.push(None);
+                targets.push((e, None));
                 continue;
             };
             self.check(e, w)?;
-            targets.push(Some(w.state.slot));
+            targets.push((e, Some(w.state.slot)));
         }
         if !unknown.is_empty() && touched.is_none() {
             return Err(PushError::UnknownWorker(unknown.join(", ")));
         }
-        for (e, slot) in events.iter().zip(targets) {
-            let Some(slot) = slot else { continue };
+        for run in targets.chunk_by(|a, b| a.1 == b.1) {
+            let Some(slot) = run[0].1 else { continue };
             if let Some(t) = touched.as_deref_mut() {
                 t.insert(slot);
             }
-            self.apply(e, slot, now);
+            let w = self.worker(slot);
+            for (e, _) in run {
+                apply(w, e, now);
+            }
         }
         Ok((events.len() - skipped, skipped))
     }
@@ -361,26 +372,6 @@ impl LoadTable {
         Ok(())
     }
 
-    fn apply(&mut self, e: &LoadEvent, slot: u32, now: u64) {
-        let w = self.worker(slot);
-        w.last_push = Some(now);
-        if e.dp_size.is_some() {
-            w.dp_size = e.dp_size;
-        }
-        let r = w.rank_mut(e.dp_rank as usize);
-        let at =
-            |v: Option<u64>, old: Option<Timed>| v.map(|value| Timed { value, at: now }).or(old);
-        r.push.active_decode_blocks = at(e.active_decode_blocks, r.push.active_decode_blocks);
-        r.push.kv_used_blocks = at(e.kv_used_blocks, r.push.kv_used_blocks);
-        r.push.active_prefill_tokens = at(e.active_prefill_tokens, r.push.active_prefill_tokens);
-        if e.kv_total_blocks.is_some() {
-            r.kv_total_blocks = e.kv_total_blocks;
-        }
-        if e.max_num_batched_tokens.is_some() {
-            r.max_num_batched_tokens = e.max_num_batched_tokens;
-        }
-    }
-
     /// Drops state of workers no longer configured.
     pub fn retain(&mut self, snap: &Snapshot) {
         let live: HashSet<u32> = snap.workers.iter().map(|w| w.state.slot).collect();
@@ -388,8 +379,28 @@ impl LoadTable {
     }
 }
 
+/// Applies one checked event to its worker's load.
+fn apply(w: &mut WorkerLoad, e: &LoadEvent, now: u64) {
+    w.last_push = Some(now);
+    if e.dp_size.is_some() {
+        w.dp_size = e.dp_size;
+    }
+    let r = w.rank_mut(e.dp_rank as usize);
+    let at = |v: Option<u64>, old: Option<Timed>| v.map(|value| Timed { value, at: now }).or(old);
+    r.push.active_decode_blocks = at(e.active_decode_blocks, r.push.active_decode_blocks);
+    r.push.kv_used_blocks = at(e.kv_used_blocks, r.push.kv_used_blocks);
+    r.push.active_prefill_tokens = at(e.active_prefill_tokens, r.push.active_prefill_tokens);
+    if e.kv_total_blocks.is_some() {
+        r.kv_total_blocks = e.kv_total_blocks;
+    }
+    if e.max_num_batched_tokens.is_some() {
+        r.max_num_batched_tokens = e.max_num_batched_tokens;
+    }
+}
+
 pub use super::evaluate::{
-    Latches, Rule, evaluate, evaluate_due, evaluate_slots, load_permille, members_by_slot,
+    Latches, Rule, evaluate, evaluate_due, evaluate_members, evaluate_slots, load_permille,
+    members_by_slot,
 };
 
 #[cfg(test)]

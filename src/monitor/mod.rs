@@ -9,6 +9,7 @@ mod discover;
 mod evaluate;
 mod fanout;
 mod fleet;
+mod generation;
 pub mod load;
 mod report;
 pub mod scrape;
@@ -47,6 +48,9 @@ pub struct Monitor {
     recheck: Vec<u64>,
     /// [`load::members_by_slot`] of the snapshot with this generation.
     slot_index: (u64, HashMap<u32, Vec<(u32, u32)>>),
+    /// Positions of the workers with the `tracked` source in the snapshot with this
+    /// generation (the tick folds only theirs in).
+    tracked: (u64, Vec<usize>),
 }
 
 fn file_thresholds(snap: &Snapshot) -> HashMap<String, Thresholds> {
@@ -71,6 +75,7 @@ impl Monitor {
             publishes: 0,
             recheck: Vec::new(),
             slot_index: (0, HashMap::new()),
+            tracked: (0, Vec::new()),
         }
     }
 
@@ -91,6 +96,58 @@ impl Monitor {
         self.table.retain(snap);
     }
 
+    /// Carries state into a generation of found workers built off the loop: only the
+    /// load of workers that left is forgotten, and the slot index comes with the build.
+    pub fn on_members_changed(
+        &mut self,
+        snap: &Snapshot,
+        change: &generation::Change,
+        index: HashMap<u32, Vec<(u32, u32)>>,
+    ) {
+        if change.full {
+            self.on_reload(snap);
+        } else {
+            for slot in &change.gone_slots {
+                self.table.workers.remove(slot);
+            }
+        }
+        self.slot_index = (snap.generation, index);
+    }
+
+    /// Publishes a generation's membership change: clears the members that left and
+    /// evaluates those that joined or changed (a full pass when `change.full`). Every
+    /// other member's entry is the same in either generation. Returns whether it
+    /// published.
+    pub fn publish_change(
+        &mut self,
+        shared: &Shared,
+        snap: &Snapshot,
+        now: u64,
+        change: &generation::Change,
+    ) -> bool {
+        if change.full {
+            return self.publish(shared, snap, now);
+        }
+        self.publish_loads(snap, now);
+        for &id in &change.left {
+            self.scratch.clear_member(id);
+        }
+        let rule = load::Rule {
+            thresholds: &self.thresholds,
+            adaptivity: &self.adaptivity,
+            latches: &mut self.latches,
+            recheck: &mut self.recheck,
+        };
+        let members = change.evaluate.iter().copied();
+        let changed =
+            load::evaluate_members(snap, &self.table, rule, now, &mut self.scratch, members);
+        if !changed && (change.left.is_empty() || self.scratch == *self.published) {
+            return false;
+        }
+        self.store(shared);
+        true
+    }
+
     pub fn published(&self) -> &BusySet {
         &self.published
     }
@@ -98,7 +155,12 @@ impl Monitor {
     /// Folds what the cores routed and have not finished into the tracked source: sums
     /// over cores, spread evenly over the worker's ranks. Allocates nothing once warm.
     pub fn refresh_tracked(&mut self, snap: &Snapshot, now: u64) {
-        for w in snap.workers.iter().filter(|w| w.cfg.load_sources.tracked) {
+        if self.tracked.0 != snap.generation {
+            let at = snap.workers.iter().enumerate();
+            let tracked = at.filter(|(_, w)| w.cfg.load_sources.tracked);
+            self.tracked = (snap.generation, tracked.map(|(i, _)| i).collect());
+        }
+        for w in self.tracked.1.iter().filter_map(|&i| snap.workers.get(i)) {
             let (mut prefill, mut blocks) = (0u64, 0u64);
             for cell in w.state.tracked.iter() {
                 prefill = prefill.wrapping_add(cell.prefill_tokens.load(Relaxed));
