@@ -12,7 +12,7 @@ use crate::state::{CoreCounters, Shared, Snapshot};
 type Cell = fn(&CoreCounters) -> &AtomicU64;
 
 /// The data-path counters, summed over cores: name, help, cell.
-const CORE_COUNTERS: [(&str, &str, Cell); 8] = [
+const CORE_COUNTERS: [(&str, &str, Cell); 10] = [
     (
         "spillway_connections_total",
         "Client connections accepted",
@@ -52,6 +52,16 @@ const CORE_COUNTERS: [(&str, &str, Cell); 8] = [
         "spillway_client_disconnects_total",
         "Requests abandoned because the client went away",
         |c| &c.client_disconnects,
+    ),
+    (
+        "spillway_access_log_lines_total",
+        "Access log lines written into the cores' buffers",
+        |c| &c.access_log_lines,
+    ),
+    (
+        "spillway_access_log_dropped_total",
+        "Access log lines dropped because the writer thread had fallen behind",
+        |c| &c.access_log_dropped,
     ),
 ];
 

@@ -15,11 +15,14 @@ use super::watch::{Interrupt, read_upstream};
 use crate::http::chunked::ChunkedParser;
 use crate::http::response::ResponseHead;
 use crate::http::sse::SseCounter;
+use crate::http::usage::{UsageScanner, output_tokens};
 use crate::http::write::{ClientFraming, LAST_CHUNK, chunk, client_response_head};
 use crate::http::{BodyFraming, HttpError};
 use crate::runtime::clock;
 use crate::runtime::reader::ReadDone;
-use crate::state::counters::{ITL_BUCKETS, ModelCore, Outcome, RequestType, TTFT_BUCKETS};
+use crate::state::counters::{
+    ITL_BUCKETS, ModelCore, OSL_BUCKETS, Outcome, RequestType, TTFT_BUCKETS,
+};
 
 /// Where the upstream body stands.
 enum Body {
@@ -124,6 +127,8 @@ pub(super) async fn relay<F: Future<Output = ReadDone>>(
 
     let mut body = Body::new(framing);
     let mut sse = SseCounter::default();
+    let mut usage = UsageScanner::default();
+    let mut all_events = 0;
     let count_tokens = req.model.track_output_blocks;
     let mut timing = Timing {
         cells,
@@ -136,19 +141,24 @@ pub(super) async fn relay<F: Future<Output = ReadDone>>(
         let mut events = 0;
         let (take, done) = body
             .advance(&c.io.rbuf, &mut |d| {
-                if count_tokens {
-                    events += sse.feed(d);
-                }
+                events += sse.feed(d);
+                usage.feed(d);
             })
             .map_err(|_| AttemptError::Broken(Outcome::Internal))?;
         let done = done || eof;
         if take > 0 {
             timing.data(tracked);
-            tracked.generated(events);
+            all_events += events;
+            if count_tokens {
+                tracked.generated(events);
+            }
         }
         write_piece(c, cf, take, done).await?;
         c.io.rbuf.drain(..take);
         if done {
+            if let Some(n) = output_tokens(&usage, timing.stream, all_events) {
+                cells.osl.observe_count(&OSL_BUCKETS, n);
+            }
             // Bytes past the end of the message: the connection is out of step; drop it.
             return Ok(resp.reusable
                 && !eof
