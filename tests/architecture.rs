@@ -14,11 +14,12 @@ const ORDER: &[&str] = &[
     "http",
     "shed",
     "admission",
-    "route",   // the file and its validation
-    "config",  // shared state
-    "state",   // threads, rings, listeners, clock
-    "runtime", // clients of DNS, etcd, NATS
-    "fleet",   // what runs on the runtime
+    "route",  // the file and its validation
+    "config", // shared state
+    "state",  // threads, rings, listeners, clock
+    "runtime",
+    "accesslog", // clients of DNS, etcd, NATS
+    "fleet",     // what runs on the runtime
     "monitor",
     "metrics",
     "admin",

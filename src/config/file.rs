@@ -28,6 +28,7 @@ pub struct FileConfig {
     #[serde(default)]
     pub classes: FileClasses,
     pub nats: Option<FileNats>,
+    pub access_log: Option<super::access_log::FileAccessLog>,
     #[serde(default)]
     pub models: Vec<FileModel>,
 }

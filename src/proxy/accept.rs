@@ -24,6 +24,7 @@ const DRAIN_POLL: Duration = Duration::from_millis(10);
 /// lets the requests in flight finish (up to the drain deadline).
 pub async fn run(ctx: Rc<CoreCtx>, listener: TcpListener, stop: StdUnixStream) {
     monoio::spawn(sweep_pools(ctx.clone()));
+    monoio::spawn(super::log::flush_log(ctx.clone()));
     let why = accept_until_stopped(&listener, stop, "data", |stream, peer| {
         accepted(&ctx, stream, peer)
     })

@@ -38,7 +38,10 @@ pub(super) async fn attempt<F: Future<Output = ReadDone>>(
     stage: &mut InStage<'_>,
 ) -> Result<Done, AttemptError> {
     let limits = &req.snap.config.limits;
-    let ticket = admit(worker, req.class, &mut c.reader).await?;
+    let waited = clock::now();
+    let ticket = admit(worker, req.class, &mut c.reader).await;
+    c.trail.queue += clock::since(waited);
+    let ticket = ticket?;
     let mut stream = connect_and_send(ctx, worker, &mut c.io.out, limits).await?;
     stage.set(Some(Stage::Dispatch));
     let block_size = worker.cfg.block_size;

@@ -10,6 +10,7 @@ use super::conn::ClientIo;
 use super::core::CoreCtx;
 use super::error::{AttemptError, Refusal, RequestError};
 use super::guards::{InStage, Inflight};
+use super::log::Trail;
 use super::pick::{Excluded, pick};
 use super::request::Outbound;
 use super::watch::Reader;
@@ -26,6 +27,7 @@ pub(super) struct Client<'a, F> {
     pub reader: Reader<'a, F>,
     pub io: &'a mut ClientIo,
     pub request_id: &'a [u8],
+    pub trail: &'a mut Trail,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -184,9 +186,14 @@ async fn exchange<F: Future<Output = ReadDone>>(
                 .observe_count(&ISL_BUCKETS, picked.cached_tokens);
         }
         let worker = &req.snap.workers[req.model.members[pos].worker as usize];
+        c.trail.worker = Some(req.model.members[pos].worker as usize);
         let e = match attempt(ctx, c, req, worker, picked.cached_tokens, stage).await {
             Ok(Done { keep_alive, status }) => return Forwarded::Done { keep_alive, status },
             Err(e) if !e.retry_safe() => {
+                if e.to_client().is_none() {
+                    let gone = e == AttemptError::ClientGone;
+                    c.trail.closed = Some(if gone { "client" } else { "upstream" });
+                }
                 if e == AttemptError::ClientGone {
                     add(&ctx.counters().client_disconnects, 1);
                 }
@@ -200,6 +207,7 @@ async fn exchange<F: Future<Output = ReadDone>>(
                     return Forwarded::Rejected(last);
                 }
                 tries.migrations += 1;
+                c.trail.migrations = tries.migrations;
                 tries.excluded.refused(pos);
                 if refusal != Refusal::UpstreamUnavailable {
                     tries.last_refusal = Some((refusal, why));

@@ -78,14 +78,17 @@ struct Timing<'a> {
 }
 
 impl Timing<'_> {
-    /// Body bytes arrived: the first observes TTFT (and ends prefill), later ones ITL.
-    fn data(&mut self, tracked: &mut Tracked<'_>) {
+    /// Body bytes arrived: the first observes TTFT (and ends prefill; returned), later
+    /// ones ITL.
+    fn data(&mut self, tracked: &mut Tracked<'_>) -> Option<Duration> {
         let now = clock::now();
+        let mut first = None;
         match self.last_data {
             None => {
                 let ttft = now.duration_since(self.started);
                 tracked.first_byte(ttft);
                 self.cells.ttft.observe(&TTFT_BUCKETS, ttft.as_secs_f64());
+                first = Some(ttft);
             }
             Some(last) if self.stream => {
                 let itl = now.duration_since(last).as_secs_f64();
@@ -94,6 +97,7 @@ impl Timing<'_> {
             Some(_) => {}
         }
         self.last_data = Some(now);
+        first
     }
 }
 
@@ -124,6 +128,8 @@ pub(super) async fn relay<F: Future<Output = ReadDone>>(
         req.client_minor,
     );
     rbuf.drain(..resp.head_len);
+    c.trail.status = Some(resp.status);
+    c.trail.bytes_out = out.len() as u64;
 
     let mut body = Body::new(framing);
     let mut sse = SseCounter::default();
@@ -147,7 +153,10 @@ pub(super) async fn relay<F: Future<Output = ReadDone>>(
             .map_err(|_| AttemptError::Broken(Outcome::Internal))?;
         let done = done || eof;
         if take > 0 {
-            timing.data(tracked);
+            if let Some(ttft) = timing.data(tracked) {
+                c.trail.ttft = Some(ttft);
+            }
+            c.trail.bytes_out += take as u64;
             all_events += events;
             if count_tokens {
                 tracked.generated(events);
@@ -156,9 +165,7 @@ pub(super) async fn relay<F: Future<Output = ReadDone>>(
         write_piece(c, cf, take, done).await?;
         c.io.rbuf.drain(..take);
         if done {
-            if let Some(n) = output_tokens(&usage, timing.stream, all_events) {
-                cells.osl.observe_count(&OSL_BUCKETS, n);
-            }
+            observe_output(cells, &usage, timing.stream, all_events);
             // Bytes past the end of the message: the connection is out of step; drop it.
             return Ok(resp.reusable
                 && !eof
@@ -173,6 +180,13 @@ pub(super) async fn relay<F: Future<Output = ReadDone>>(
             Err(Interrupt::ClientGone) => return Err(AttemptError::ClientGone),
             Err(Interrupt::Timeout) => return Err(AttemptError::Broken(Outcome::ResponseTimeout)),
         }
+    }
+}
+
+/// `dynamo_frontend_output_sequence_tokens` of a whole response.
+fn observe_output(cells: &ModelCore, usage: &UsageScanner, stream: bool, events: u64) {
+    if let Some(n) = output_tokens(usage, stream, events) {
+        cells.osl.observe_count(&OSL_BUCKETS, n);
     }
 }
 

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 
+use crate::accesslog;
 use crate::config::{Config, ConfigSource};
 use crate::monitor::Command;
 use crate::runtime::listen::{STOP_DRAIN, STOP_NOW, bind_reuseport, stop_channel};
@@ -30,6 +31,8 @@ pub struct ServerHandle {
     control: StdUnixStream,
     cores: Vec<JoinHandle<()>>,
     control_thread: Option<JoinHandle<()>>,
+    /// Set to make the access log's writer reopen its file (SIGUSR2).
+    access_log_reopen: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Starts the data-path cores and the control thread. Names in the configuration are
@@ -52,13 +55,27 @@ pub fn start(config: Config, source: ConfigSource) -> io::Result<ServerHandle> {
     let mut registry = Registry::new(cores, clock::unix_secs());
     let shared = Arc::new(Shared::new(registry.build(config, &addrs), cores));
 
+    let snapshots = shared.snapshot.clone();
+    let (logs, writer) = accesslog::start(cores, move |current| {
+        let snap = snapshots.load();
+        let dest = &snap.config.access_log.destination;
+        (dest != current).then(|| dest.clone())
+    })?;
     let mut core_stops = Vec::new();
     let mut threads = Vec::new();
-    for (id, listener) in listeners.into_iter().enumerate() {
+    for ((id, listener), log) in listeners.into_iter().enumerate().zip(logs) {
         let (stop_tx, stop_rx) = stop_channel()?;
         core_stops.push(stop_tx);
         let cpu = data_cpus.get(id).copied().flatten();
-        threads.push(core::spawn(id, cpu, listener, stop_rx, shared.clone())?);
+        let core = core::Core {
+            id,
+            cpu,
+            listener,
+            stop: stop_rx,
+            shared: shared.clone(),
+            log,
+        };
+        threads.push(core::spawn(core)?);
     }
     let (control, commands) = stop_channel()?;
     let parts = control::Parts {
@@ -78,6 +95,7 @@ pub fn start(config: Config, source: ConfigSource) -> io::Result<ServerHandle> {
         control,
         cores: threads,
         control_thread: Some(control_thread),
+        access_log_reopen: writer.reopen,
     })
 }
 
@@ -92,6 +110,12 @@ impl ServerHandle {
     fn send_control(&self, command: Command) {
         use std::io::Write;
         let _ = (&self.control).write_all(&[command as u8]);
+    }
+
+    /// Makes the access log's writer reopen its file (after logrotate moved it).
+    pub fn reopen_access_log(&self) {
+        self.access_log_reopen
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Stops every core and the control thread now (requests in flight are cut) and waits.
