@@ -257,3 +257,37 @@ fn writer_behind_drops_and_counts() {
 fn libc_nonblock() -> i32 {
     0o4000
 }
+
+/// A reload (`POST /reload`) that changes `access_log.path` moves the lines to the new
+/// file within a second or so; one that turns the log off stops them.
+#[test]
+fn reload_moves_and_stops_the_log() {
+    let (dir, first) = setup("log-reload");
+    let second = dir.join("second.log");
+    let up = echo_upstream("a");
+    let text = |table: &str| format!("{}{table}{}", test_head(1), model("m", "", &[up.url()]));
+    let file = ConfigFile::new(&text(&log_table(&first, "")));
+    let p = proxy_file(&file);
+    assert_eq!(once(p.data_addr, &chat("m")).status, 200);
+    json_lines(&first, 1);
+    file.write(&text(&log_table(
+        &second,
+        "format = \"text\"\ntext_format = \"$status\"",
+    )));
+    assert_eq!(admin_post(p.admin_addr, "/reload", "").status, 200);
+    eventually("the new file is used", Duration::from_secs(10), || {
+        assert_eq!(once(p.data_addr, &chat("m")).status, 200);
+        read_lines(&second).iter().any(|l| l == "200")
+    });
+    file.write(&text("[access_log]\npath = \"off\"\n"));
+    assert_eq!(admin_post(p.admin_addr, "/reload", "").status, 200);
+    std::thread::sleep(Duration::from_millis(300));
+    let before = read_lines(&second).len();
+    for _ in 0..5 {
+        assert_eq!(once(p.data_addr, &chat("m")).status, 200);
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(read_lines(&second).len(), before);
+    drop(p);
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -26,6 +26,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::config::access_log::{AccessLogConfig, Destination};
+use crate::runtime::clock;
 use crate::state::CoreCounters;
 use crate::state::counters::add;
 pub use format::Record;
@@ -165,6 +166,7 @@ fn run(
     let mut current = dest(&Destination::Off).unwrap_or(Destination::Off);
     let mut sink = open(&current);
     let mut failing = false;
+    let mut checked_ms = clock::now_ms();
     loop {
         match full.recv_timeout(Duration::from_secs(1)) {
             Ok((core, mut buf)) => {
@@ -181,14 +183,18 @@ fn run(
                     let _ = tx.try_send(buf);
                 }
             }
-            Err(RecvTimeoutError::Timeout) => {
-                if let Some(now) = dest(&current) {
-                    current = now;
-                    sink = open(&current);
-                    tracing::info!(destination = ?current, "access log destination changed");
-                }
-            }
+            Err(RecvTimeoutError::Timeout) => {}
             Err(RecvTimeoutError::Disconnected) => return,
+        }
+        // A reload may have changed the destination: look once a second.
+        let now = clock::now_ms();
+        if now.saturating_sub(checked_ms) >= 1000 {
+            checked_ms = now;
+            if let Some(dest) = dest(&current) {
+                current = dest;
+                sink = open(&current);
+                tracing::info!(destination = ?current, "access log destination changed");
+            }
         }
         if reopen.swap(false, Ordering::AcqRel) {
             if let Some(now) = dest(&current) {
