@@ -9,6 +9,7 @@
 //! 3. [`state`]: what the threads share (snapshot, busy set, per-worker atomics, counters);
 //! 4. [`runtime`]: runtimes, CPU placement, listeners, the clock, the client read slot,
 //!    name resolution;
+//!    [`accesslog`]: the access log's per-core buffers and its writer thread;
 //! 5. [`fleet`]: clients of the fleet's servers (DNS, etcd, NATS) for the control thread;
 //! 6. what runs on it: [`monitor`] (load, busy publication, reload), [`metrics`]
 //!    (exposition), [`admin`] (control API), [`proxy`] (the data path);
@@ -28,6 +29,8 @@ pub mod tls;
 pub mod state;
 
 pub mod runtime;
+
+pub mod accesslog;
 
 pub mod fleet;
 

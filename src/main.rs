@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::Parser as _;
 use cli::{Cli, Command};
-use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1};
+use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM, SIGUSR1, SIGUSR2};
 use spillway::runtime::{clock, resolve};
 use spillway::{Config, ConfigSource, Overrides};
 
@@ -124,14 +124,16 @@ fn serve_demo(overrides: Overrides) -> anyhow::Result<()> {
     result
 }
 
-/// Runs until drained: SIGHUP reloads, SIGUSR1 dumps state, SIGTERM/SIGINT drain (a
+/// Runs until drained: SIGHUP reloads, SIGUSR1 dumps state, SIGUSR2 reopens the access
+/// log, SIGTERM/SIGINT drain (a
 /// second one exits at once). With `status`, logs a one-line status that often.
 fn serve_until_stopped(
     server: spillway::ServerHandle,
     status: Option<Duration>,
 ) -> anyhow::Result<()> {
-    let mut signals = signal_hook::iterator::Signals::new([SIGHUP, SIGUSR1, SIGTERM, SIGINT])
-        .context("cannot install signal handlers")?;
+    let mut signals =
+        signal_hook::iterator::Signals::new([SIGHUP, SIGUSR1, SIGUSR2, SIGTERM, SIGINT])
+            .context("cannot install signal handlers")?;
     let mut draining = false;
     let mut last_status = clock::now();
     loop {
@@ -139,6 +141,7 @@ fn serve_until_stopped(
             match sig {
                 SIGHUP => server.reload(),
                 SIGUSR1 => server.dump_state(),
+                SIGUSR2 => server.reopen_access_log(),
                 _ if draining => {
                     tracing::warn!(signal = sig, "second stop signal: exiting now");
                     std::process::exit(1);

@@ -207,3 +207,28 @@ fn steady_state_over_tls_allocates_nothing() {
         "{n} heap allocations over 5,000 requests on one TLS session"
     );
 }
+
+/// With the access log on (JSON lines to a file, a trace context made for every request),
+/// cores format into reused buffers and the writer thread hands them back: still nothing
+/// allocated per request.
+#[test]
+fn access_log_allocates_nothing() {
+    let _one = one_at_a_time();
+    let dir = spillway_testkit::tools::scratch_dir("alloc-log");
+    let path = dir.join("access.log");
+    let with_log = |urls: &[String]| {
+        format!(
+            "[access_log]\npath = \"{}\"\n{}",
+            path.display(),
+            model("m", "", urls)
+        )
+    };
+    let n = allocations_per_steady_run(1, with_log, &[REQUEST.to_vec()]);
+    let lines = std::fs::read_to_string(&path)
+        .unwrap_or_default()
+        .lines()
+        .count();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(n, 0, "{n} heap allocations over 5,000 logged requests");
+    assert!(lines > 0, "no line reached the log");
+}

@@ -14,12 +14,13 @@ const ORDER: &[&str] = &[
     "http",
     "shed",
     "admission",
-    "route",   // the file and its validation
-    "config",  // rustls material, the record layer
-    "tls",     // shared state
-    "state",   // threads, rings, listeners, clock
-    "runtime", // clients of DNS, etcd, NATS
-    "fleet",   // what runs on the runtime
+    "route",     // the file and its validation
+    "config",    // rustls material, the record layer
+    "tls",       // shared state
+    "state",     // threads, rings, listeners, clock
+    "runtime",   // the access log's writer thread
+    "accesslog", // clients of DNS, etcd, NATS
+    "fleet",     // what runs on the runtime
     "monitor",
     "metrics",
     "admin",

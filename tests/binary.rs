@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![allow(clippy::disallowed_methods)] // tests time what they observe
-//! The `spillway` binary: signals (SIGTERM drain, SIGHUP reload, SIGUSR1 dump, a second
+//! The `spillway` binary: signals (SIGTERM drain, SIGHUP reload, SIGUSR1 dump, SIGUSR2 log reopen, a second
 //! stop signal), check-config, and the Dynamo environment variables end to end.
 
 use spillway_testkit::*;
@@ -232,6 +232,46 @@ fn sigusr1_logs_the_state_of_every_worker() {
     ] {
         assert!(w.contains(field), "{field} missing in {w}");
     }
+}
+
+/// SIGUSR2 reopens the access log (logrotate moved it); SIGUSR1 stays the state dump.
+#[test]
+fn sigusr2_reopens_the_access_log() {
+    let up = echo_upstream("a");
+    let dir = spillway_testkit::tools::scratch_dir("bin-log");
+    let log = dir.join("access.log");
+    let file = ConfigFile::new(&format!(
+        "{}[access_log]\npath = \"{}\"\n{}",
+        test_head(1),
+        log.display(),
+        model("m", "", &[up.url()])
+    ));
+    let p = Proc::start(&file, &[]);
+    let lines = |path: &std::path::Path| {
+        std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .count()
+    };
+    assert_eq!(once(p.data, &chat("m")).status, 200);
+    eventually("first line", Duration::from_secs(10), || lines(&log) == 1);
+    let rotated = dir.join("access.log.1");
+    std::fs::rename(&log, &rotated).unwrap();
+    p.signal(nix::sys::signal::Signal::SIGUSR2);
+    eventually("reopened", Duration::from_secs(10), || {
+        p.line("access log reopened").is_some()
+    });
+    assert_eq!(once(p.data, &chat("m")).status, 200);
+    eventually("a line in the new file", Duration::from_secs(10), || {
+        lines(&log) == 1
+    });
+    assert_eq!(lines(&rotated), 1);
+    assert!(
+        p.line("state dump").is_none(),
+        "SIGUSR2 is not the state dump"
+    );
+    drop(p);
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 #[test]

@@ -1,5 +1,7 @@
 //! `/metrics`: Dynamo's names and labels, summed over cores, valid for `promtool`.
 
+use std::time::Duration;
+
 use spillway_testkit::*;
 
 #[test]
@@ -98,4 +100,144 @@ fn exposition_has_dynamo_series_and_passes_promtool() {
             problems.join("\n")
         );
     }
+}
+
+/// The Dynamo frontend series beyond the first six: sequence lengths (input estimated as
+/// the router does, output from `usage` or SSE events), predicted cached tokens (`kv`),
+/// active, queued and per-stage requests; promtool-clean.
+#[test]
+fn dynamo_token_and_stage_series() {
+    let unary = upstream(|_| {
+        Reply::Raw(json_response(
+            200,
+            r#"{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":150}}"#,
+        ))
+    });
+    let sse = upstream(|_| {
+        let mut raw = SSE_HEAD.as_bytes().to_vec();
+        for _ in 0..5 {
+            raw.extend(chunk("data: {\"choices\":[{\"text\":\"x\"}]}\n\n"));
+        }
+        raw.extend(chunk("data: [DONE]\n\n"));
+        raw.extend(b"0\r\n\r\n");
+        Reply::Raw(raw)
+    });
+    let toml = format!(
+        "{}{}",
+        model("u", "router_mode = \"kv\"", &[unary.url()]),
+        model("s", "", &[sse.url()])
+    );
+    let p = proxy(2, &toml);
+    let prompt = "x".repeat(800);
+    let body = format!(r#"{{"model":"u","prompt":"{prompt}"}}"#);
+    for _ in 0..2 {
+        assert_eq!(
+            once(p.data_addr, &post("/v1/completions", &body)).status,
+            200
+        );
+    }
+    let body = r#"{"model":"s","prompt":"hi","stream":true}"#;
+    assert_eq!(
+        once(p.data_addr, &post("/v1/completions", body)).status,
+        200
+    );
+
+    let text = metrics(p.admin_addr);
+    let v = |s: &str| metric_value(&text, s);
+    // 800 prompt bytes + quotes ≈ 201 tokens at 4 bytes a token: the 210 bucket.
+    assert_eq!(
+        v("dynamo_frontend_input_sequence_tokens_count{model=\"u\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        v("dynamo_frontend_input_sequence_tokens_bucket{model=\"u\",le=\"100\"}"),
+        Some(0.0),
+        "{text}"
+    );
+    assert_eq!(
+        v("dynamo_frontend_input_sequence_tokens_bucket{model=\"u\",le=\"210\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        v("dynamo_frontend_output_sequence_tokens_sum{model=\"u\"}"),
+        Some(300.0)
+    );
+    // Five events and the `[DONE]` marker: five tokens.
+    assert_eq!(
+        v("dynamo_frontend_output_sequence_tokens_sum{model=\"s\"}"),
+        Some(5.0)
+    );
+    assert_eq!(
+        v("dynamo_frontend_cached_tokens_count{model=\"u\"}"),
+        Some(2.0)
+    );
+    // The second identical prompt was predicted cached where the first went.
+    assert!(v("dynamo_frontend_cached_tokens_sum{model=\"u\"}").unwrap() >= 192.0);
+    assert_eq!(v("dynamo_frontend_cached_tokens_count{model=\"s\"}"), None);
+    for m in ["u", "s"] {
+        assert_eq!(
+            v(&format!("dynamo_frontend_active_requests{{model=\"{m}\"}}")),
+            Some(0.0)
+        );
+        assert_eq!(
+            v(&format!(
+                "dynamo_frontend_inflight_requests{{model=\"{m}\"}}"
+            )),
+            Some(0.0)
+        );
+        assert_eq!(
+            v(&format!("dynamo_frontend_queued_requests{{model=\"{m}\"}}")),
+            Some(0.0)
+        );
+        for stage in ["route", "dispatch"] {
+            let s = format!(
+                "dynamo_frontend_stage_requests{{model=\"{m}\",stage=\"{stage}\",phase=\"aggregated\"}}"
+            );
+            assert_eq!(v(&s), Some(0.0), "{s}");
+        }
+    }
+    if let Some(problems) = promtool_problems(&text) {
+        assert!(problems.is_empty(), "{}\n{text}", problems.join("\n"));
+    }
+}
+
+/// A request held by its worker is in the `dispatch` stage and queued; one waiting at a
+/// full admission gate is in `route`.
+#[test]
+fn stages_while_requests_wait() {
+    let held = Held::new("h");
+    let toml = format!(
+        "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"{}\"\nengine_request_limit = 1\n",
+        held.url()
+    );
+    let p = proxy(1, &toml);
+    let a = spawn_request(p.data_addr, chat("m"));
+    let b = spawn_request(p.data_addr, chat("m"));
+    let stage = |s: &str| {
+        let text = metrics(p.admin_addr);
+        let series = format!(
+            "dynamo_frontend_stage_requests{{model=\"m\",stage=\"{s}\",phase=\"aggregated\"}}"
+        );
+        metric_value(&text, &series)
+    };
+    eventually(
+        "one dispatched, one routing",
+        Duration::from_secs(20),
+        || stage("dispatch") == Some(1.0) && stage("route") == Some(1.0),
+    );
+    let text = metrics(p.admin_addr);
+    assert_eq!(
+        metric_value(&text, "dynamo_frontend_queued_requests{model=\"m\"}"),
+        Some(2.0)
+    );
+    assert_eq!(
+        metric_value(&text, "dynamo_frontend_active_requests{model=\"m\"}"),
+        Some(2.0)
+    );
+    held.release(2);
+    assert_eq!(a.join().unwrap().status, 200);
+    assert_eq!(b.join().unwrap().status, 200);
+    eventually("stages empty", Duration::from_secs(20), || {
+        stage("dispatch") == Some(0.0) && stage("route") == Some(0.0)
+    });
 }

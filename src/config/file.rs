@@ -29,6 +29,7 @@ pub struct FileConfig {
     pub classes: FileClasses,
     pub nats: Option<FileNats>,
     pub tls: Option<FileTls>,
+    pub access_log: Option<super::access_log::FileAccessLog>,
     #[serde(default)]
     pub models: Vec<FileModel>,
 }

@@ -3,6 +3,7 @@
 //! environment variables ([`Overrides`]) fill in what the file leaves unset. Validation is
 //! pure: host names stay names ([`addr::HostPort`]) until the runtime resolves them.
 
+pub mod access_log;
 pub mod addr;
 mod classes;
 mod discovery;
@@ -141,6 +142,8 @@ pub struct Config {
     pub admin_token: Option<String>,
     pub limits: Limits,
     pub classes: Classes,
+    /// `[access_log]`: one line per request, and W3C trace context.
+    pub access_log: access_log::AccessLogConfig,
     /// Load events over NATS (`[nats]`).
     pub nats: Option<NatsConfig>,
     /// `[tls]`: the TLS listener, the workers' CA.

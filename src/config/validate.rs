@@ -102,6 +102,7 @@ impl<'a> Validator<'a> {
             admin_token: self.admin_token(&f, o)?,
             limits: self.limits(&f.limits)?,
             classes: self.classes(&f.classes)?,
+            access_log: self.access_log(&f.access_log)?,
             nats: self.nats(&f.nats)?,
             tls: self.tls(&f.tls, o)?,
             models,

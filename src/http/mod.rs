@@ -8,6 +8,8 @@ pub mod limits;
 pub mod request;
 pub mod response;
 pub mod sse;
+pub mod trace;
+pub mod usage;
 pub mod write;
 
 pub use limits::Limits;

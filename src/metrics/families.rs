@@ -95,11 +95,29 @@ impl Families {
     }
 }
 
-/// A model's histogram summed over cores, in Prometheus' cumulative form.
+/// A model's histogram of seconds summed over cores, in Prometheus' cumulative form.
 pub(super) fn histogram<const N: usize>(
     bounds: &[f64; N],
     metrics: &ModelMetrics,
     pick: impl Fn(&ModelCore) -> &counters::Histogram<N>,
+) -> Histogram {
+    histogram_in(bounds, metrics, pick, 1e9)
+}
+
+/// A model's histogram of counts (`observe_count`: the sum is in whole units).
+pub(super) fn count_histogram<const N: usize>(
+    bounds: &[f64; N],
+    metrics: &ModelMetrics,
+    pick: impl Fn(&ModelCore) -> &counters::Histogram<N>,
+) -> Histogram {
+    histogram_in(bounds, metrics, pick, 1.0)
+}
+
+fn histogram_in<const N: usize>(
+    bounds: &[f64; N],
+    metrics: &ModelMetrics,
+    pick: impl Fn(&ModelCore) -> &counters::Histogram<N>,
+    per_unit: f64,
 ) -> Histogram {
     let mut counts = vec![0u64; N + 1];
     let mut sum_ns = 0u64;
@@ -121,6 +139,6 @@ pub(super) fn histogram<const N: usize>(
     let mut h = Histogram::default();
     h.set_bucket(buckets);
     h.set_sample_count(counts.iter().sum());
-    h.set_sample_sum(sum_ns as f64 / 1e9);
+    h.set_sample_sum(sum_ns as f64 / per_unit);
     h
 }

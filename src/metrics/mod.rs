@@ -5,6 +5,7 @@
 
 mod families;
 mod fleet;
+mod frontend;
 mod kv;
 mod process;
 
@@ -28,6 +29,7 @@ pub fn render(control: &Control) -> Vec<u8> {
     let mut f = Families::new();
     requests(&mut f, &snap);
     latencies(&mut f, &snap);
+    frontend::families(&mut f, &snap);
     worker_load(&mut f, control, &snap, clock::now_ms());
     admission(&mut f, &snap);
     kv::families(&mut f, &snap, clock::now_ms());

@@ -12,7 +12,7 @@ use crate::state::{CoreCounters, Shared, Snapshot};
 type Cell = fn(&CoreCounters) -> &AtomicU64;
 
 /// The data-path counters, summed over cores: name, help, cell.
-const CORE_COUNTERS: [(&str, &str, Cell); 11] = [
+const CORE_COUNTERS: [(&str, &str, Cell); 13] = [
     (
         "spillway_connections_total",
         "Client connections accepted",
@@ -67,6 +67,16 @@ const CORE_COUNTERS: [(&str, &str, Cell); 11] = [
         "spillway_upstream_tls_failures_total",
         "TLS handshakes with https:// workers that failed (certificate, protocol); the worker is marked down",
         |c| &c.upstream_tls_failures,
+    ),
+    (
+        "spillway_access_log_lines_total",
+        "Access log lines written into the cores' buffers",
+        |c| &c.access_log_lines,
+    ),
+    (
+        "spillway_access_log_dropped_total",
+        "Access log lines dropped because the writer thread had fallen behind",
+        |c| &c.access_log_dropped,
     ),
 ];
 

@@ -33,6 +33,7 @@ pub struct Listener {
 /// (up to the drain deadline).
 pub async fn run(ctx: Rc<CoreCtx>, listeners: Vec<Listener>) {
     monoio::spawn(sweep_pools(ctx.clone()));
+    monoio::spawn(super::log::flush_log(ctx.clone()));
     let loops: Vec<_> = listeners
         .into_iter()
         .map(|l| monoio::spawn(accept_loop(ctx.clone(), l)))

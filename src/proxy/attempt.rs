@@ -11,7 +11,7 @@ use super::connect::connect_and_send;
 use super::core::CoreCtx;
 use super::error::AttemptError;
 use super::forward::Client;
-use super::guards::Tracked;
+use super::guards::{InStage, Tracked};
 use super::relay::relay;
 use super::request::Outbound;
 use super::response::{read_response_head, refusal};
@@ -20,6 +20,7 @@ use crate::http::write::ClientFraming;
 use crate::runtime::clock;
 use crate::runtime::reader::ReadDone;
 use crate::state::Worker;
+use crate::state::counters::Stage;
 
 /// A response relayed whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,10 +35,15 @@ pub(super) async fn attempt<F: Future<Output = ReadDone>>(
     req: &Outbound<'_>,
     worker: &Worker,
     cached_tokens: u64,
+    stage: &mut InStage<'_>,
 ) -> Result<Done, AttemptError> {
     let limits = &req.snap.config.limits;
-    let ticket = admit(worker, req.class, &mut c.reader).await?;
+    let waited = clock::now();
+    let ticket = admit(worker, req.class, &mut c.reader).await;
+    c.trail.queue += clock::since(waited);
+    let ticket = ticket?;
     let mut stream = connect_and_send(ctx, worker, &mut c.io.out, limits).await?;
+    stage.set(Some(Stage::Dispatch));
     let block_size = worker.cfg.block_size;
     let mut tracked = Tracked::start(
         &worker.state,
@@ -48,6 +54,7 @@ pub(super) async fn attempt<F: Future<Output = ReadDone>>(
     );
     let mut resp = ResponseHead::default();
     read_response_head(c, &mut stream, limits, &mut resp).await?;
+    stage.set(None);
     if let Some(r) = refusal(resp.status, req.snap.config.overload_status_code) {
         return Err(AttemptError::Refused(r, None));
     }

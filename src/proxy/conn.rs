@@ -25,6 +25,7 @@ use super::park::{Parked, park};
 use super::watch::Reader;
 use crate::http::limits::{IDLE_PROBE_LEN, MAX_REQUEST_ID_LEN};
 use crate::http::request::RequestHead;
+use crate::http::trace::TraceId;
 use crate::runtime::reader::{ClientReader, ReadDone, Released, read_more};
 use crate::runtime::stream::{ClientRead, ClientWrite};
 use crate::shed::Class;
@@ -101,6 +102,7 @@ async fn burst(ctx: Rc<CoreCtx>, parked: Parked) -> Option<(Parked, Instant)> {
         request_id: RequestId::default(),
         class: Class::default(),
         scratch: Vec::new(),
+        trace: TraceId::default(),
     };
     let mut reader = std::pin::pin!(ClientReader::new(half, buf, read_more, canceller));
     let ended = conn.run(reader.as_mut()).await;
@@ -151,6 +153,8 @@ pub(super) struct Conn {
     pub class: Class,
     /// Decoded escaped model names.
     pub scratch: Vec<u8>,
+    /// The current request's W3C trace id (access log).
+    pub trace: TraceId,
 }
 
 impl Conn {

@@ -10,6 +10,7 @@ use arc_swap::ArcSwap;
 
 use super::park::ParkedConns;
 use super::pool::Pools;
+use crate::accesslog::CoreLog;
 use crate::http::limits::{BUFFER_POOL_IDLE, INITIAL_READ_BUF, WRITE_BUF};
 use crate::route::Rng;
 use crate::route::prefix::MAX_CHUNKS;
@@ -47,6 +48,8 @@ pub struct CoreCtx {
     request_salt: u64,
     /// `kv` routing's scratch: the chunk hashes of the request being routed.
     pub kv_hashes: RefCell<Box<[u64]>>,
+    /// This core's end of the access log (`None` in contexts built without one).
+    pub log: RefCell<Option<CoreLog>>,
     /// Process-clock ms of the last refusal logged per knob (refusal logs are rate-limited).
     refusal_logged_ms: [Cell<u64>; Knob::ALL.len()],
 }
@@ -83,6 +86,7 @@ impl CoreCtx {
             request_salt: Rng::new(seed ^ 0xdead_beef).next_u64(),
             refusal_logged_ms: std::array::from_fn(|_| Cell::new(0)),
             kv_hashes: RefCell::new(vec![0; MAX_CHUNKS].into_boxed_slice()),
+            log: RefCell::new(None),
             shared,
         }
     }

@@ -7,6 +7,7 @@ use std::future::Future;
 use super::body::BodyError;
 use super::conn::Conn;
 use super::error::RequestError;
+use super::log::Target;
 use super::watch::Reader;
 use crate::http::limits::INITIAL_READ_BUF;
 use crate::http::{BodyFraming, Method};
@@ -57,6 +58,8 @@ impl Conn {
         mut reader: Reader<'_, F>,
         error: Option<RequestError>,
     ) -> bool {
+        let started = crate::runtime::clock::now();
+        let target = Target::of(self, reader.buf());
         let with_body = self.head.method != Method::Head;
         // Do not invite a body we would discard: answer and close.
         let invited = !(self.head.body != BodyFraming::None && self.head.expect_continue);
@@ -68,6 +71,8 @@ impl Conn {
                 Err(BodyError::Bad(e)) => return self.refuse(RequestError::Framing(e)).await,
             }
         }
+        let status = error.map_or(200, |e| e.status(self.snap.config.overload_status_code));
+        self.log_local(&target, status, started, 0);
         match error {
             Some(e) => self.answer(e, keep, with_body).await,
             None => {

@@ -9,7 +9,8 @@ use super::attempt::{Done, attempt};
 use super::conn::ClientIo;
 use super::core::CoreCtx;
 use super::error::{AttemptError, Refusal, RequestError};
-use super::guards::Inflight;
+use super::guards::{InStage, Inflight};
+use super::log::Trail;
 use super::pick::{Excluded, pick};
 use super::request::Outbound;
 use super::watch::Reader;
@@ -19,13 +20,14 @@ use crate::runtime::clock;
 use crate::runtime::reader::ReadDone;
 use crate::shed::{Knob, Why};
 use crate::state::Worker;
-use crate::state::counters::{DURATION_BUCKETS, Outcome, add};
+use crate::state::counters::{DURATION_BUCKETS, ISL_BUCKETS, Outcome, Stage, add};
 
 /// The client side of the connection, lent to the forwarder.
 pub(super) struct Client<'a, F> {
     pub reader: Reader<'a, F>,
     pub io: &'a mut ClientIo,
     pub request_id: &'a [u8],
+    pub trail: &'a mut Trail,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -55,8 +57,11 @@ pub(super) async fn forward<F: Future<Output = ReadDone>>(
 ) -> Forwarded {
     let cells = &req.model.metrics.cores[ctx.id];
     cells.classed(req.class);
+    cells.isl.observe_count(&ISL_BUCKETS, req.prompt_tokens);
     let inflight = Inflight::start(cells);
-    let result = exchange(ctx, c, req).await;
+    let mut stage = InStage::enter(cells, Stage::Route);
+    let result = exchange(ctx, c, req, &mut stage).await;
+    drop(stage);
     drop(inflight);
     let outcome = match result {
         Forwarded::Done { status, .. } => {
@@ -141,16 +146,20 @@ struct Tries {
     migrations: u32,
     /// The last worker-local refusal that was not a 503, and its figures.
     last_refusal: Option<(Refusal, Option<Why>)>,
+    /// `dynamo_frontend_cached_tokens` takes the first `kv` pick only.
+    cached_observed: bool,
 }
 
 async fn exchange<F: Future<Output = ReadDone>>(
     ctx: &CoreCtx,
     c: &mut Client<'_, F>,
     req: &Outbound<'_>,
+    stage: &mut InStage<'_>,
 ) -> Forwarded {
     let worker_id = detach(c, req);
     let mut tries = Tries::default();
     loop {
+        stage.set(Some(Stage::Route));
         let now = clock::now_ms();
         // The body follows the head in `out` (see `detach`): the prompt lies within it.
         let body_at = c.io.out.len().saturating_sub(req.body.len());
@@ -169,10 +178,22 @@ async fn exchange<F: Future<Output = ReadDone>>(
             Err(e) => return Forwarded::Rejected(e),
         };
         let pos = picked.member;
+        if req.model.kv.is_some() && !tries.cached_observed {
+            tries.cached_observed = true;
+            let cells = &req.model.metrics.cores[ctx.id];
+            cells
+                .cached_tokens
+                .observe_count(&ISL_BUCKETS, picked.cached_tokens);
+        }
         let worker = &req.snap.workers[req.model.members[pos].worker as usize];
-        let e = match attempt(ctx, c, req, worker, picked.cached_tokens).await {
+        c.trail.worker = Some(req.model.members[pos].worker as usize);
+        let e = match attempt(ctx, c, req, worker, picked.cached_tokens, stage).await {
             Ok(Done { keep_alive, status }) => return Forwarded::Done { keep_alive, status },
             Err(e) if !e.retry_safe() => {
+                if e.to_client().is_none() {
+                    let gone = e == AttemptError::ClientGone;
+                    c.trail.closed = Some(if gone { "client" } else { "upstream" });
+                }
                 if e == AttemptError::ClientGone {
                     add(&ctx.counters().client_disconnects, 1);
                 }
@@ -186,6 +207,7 @@ async fn exchange<F: Future<Output = ReadDone>>(
                     return Forwarded::Rejected(last);
                 }
                 tries.migrations += 1;
+                c.trail.migrations = tries.migrations;
                 tries.excluded.refused(pos);
                 if refusal != Refusal::UpstreamUnavailable {
                     tries.last_refusal = Some((refusal, why));

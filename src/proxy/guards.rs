@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use super::core::CoreCtx;
 use crate::state::WorkerState;
-use crate::state::counters::{ModelCore, add, sub};
+use crate::state::counters::{ModelCore, Stage, add, sub};
 
 /// One open client connection (across all cores, for `max_connections`).
 pub(super) struct Connection(Rc<CoreCtx>);
@@ -57,6 +57,43 @@ impl<'a> Inflight<'a> {
 impl Drop for Inflight<'_> {
     fn drop(&mut self) {
         sub(&self.0.inflight, 1);
+    }
+}
+
+/// The stage a request is in before its first response byte
+/// (`dynamo_frontend_stage_requests`); none once the worker answered.
+pub(super) struct InStage<'a> {
+    cells: &'a ModelCore,
+    stage: Option<Stage>,
+}
+
+impl<'a> InStage<'a> {
+    pub(super) fn enter(cells: &'a ModelCore, stage: Stage) -> InStage<'a> {
+        add(&cells.stages[stage as usize], 1);
+        InStage {
+            cells,
+            stage: Some(stage),
+        }
+    }
+
+    /// Moves to `stage` (`None`: out of every stage).
+    pub(super) fn set(&mut self, stage: Option<Stage>) {
+        if self.stage == stage {
+            return;
+        }
+        if let Some(s) = self.stage {
+            sub(&self.cells.stages[s as usize], 1);
+        }
+        if let Some(s) = stage {
+            add(&self.cells.stages[s as usize], 1);
+        }
+        self.stage = stage;
+    }
+}
+
+impl Drop for InStage<'_> {
+    fn drop(&mut self) {
+        self.set(None);
     }
 }
 

@@ -25,6 +25,7 @@ mod error;
 mod forward;
 mod guards;
 mod head;
+mod log;
 mod park;
 mod pick;
 mod pool;

@@ -15,11 +15,14 @@ use super::watch::{Interrupt, read_upstream};
 use crate::http::chunked::ChunkedParser;
 use crate::http::response::ResponseHead;
 use crate::http::sse::SseCounter;
+use crate::http::usage::{UsageScanner, output_tokens};
 use crate::http::write::{ClientFraming, LAST_CHUNK, chunk, client_response_head};
 use crate::http::{BodyFraming, HttpError};
 use crate::runtime::clock;
 use crate::runtime::reader::ReadDone;
-use crate::state::counters::{ITL_BUCKETS, ModelCore, Outcome, RequestType, TTFT_BUCKETS};
+use crate::state::counters::{
+    ITL_BUCKETS, ModelCore, OSL_BUCKETS, Outcome, RequestType, TTFT_BUCKETS,
+};
 
 /// Where the upstream body stands.
 enum Body {
@@ -75,14 +78,17 @@ struct Timing<'a> {
 }
 
 impl Timing<'_> {
-    /// Body bytes arrived: the first observes TTFT (and ends prefill), later ones ITL.
-    fn data(&mut self, tracked: &mut Tracked<'_>) {
+    /// Body bytes arrived: the first observes TTFT (and ends prefill; returned), later
+    /// ones ITL.
+    fn data(&mut self, tracked: &mut Tracked<'_>) -> Option<Duration> {
         let now = clock::now();
+        let mut first = None;
         match self.last_data {
             None => {
                 let ttft = now.duration_since(self.started);
                 tracked.first_byte(ttft);
                 self.cells.ttft.observe(&TTFT_BUCKETS, ttft.as_secs_f64());
+                first = Some(ttft);
             }
             Some(last) if self.stream => {
                 let itl = now.duration_since(last).as_secs_f64();
@@ -91,6 +97,7 @@ impl Timing<'_> {
             Some(_) => {}
         }
         self.last_data = Some(now);
+        first
     }
 }
 
@@ -121,9 +128,13 @@ pub(super) async fn relay<F: Future<Output = ReadDone>>(
         req.client_minor,
     );
     rbuf.drain(..resp.head_len);
+    c.trail.status = Some(resp.status);
+    c.trail.bytes_out = out.len() as u64;
 
     let mut body = Body::new(framing);
     let mut sse = SseCounter::default();
+    let mut usage = UsageScanner::default();
+    let mut all_events = 0;
     let count_tokens = req.model.track_output_blocks;
     let mut timing = Timing {
         cells,
@@ -136,19 +147,25 @@ pub(super) async fn relay<F: Future<Output = ReadDone>>(
         let mut events = 0;
         let (take, done) = body
             .advance(&c.io.rbuf, &mut |d| {
-                if count_tokens {
-                    events += sse.feed(d);
-                }
+                events += sse.feed(d);
+                usage.feed(d);
             })
             .map_err(|_| AttemptError::Broken(Outcome::Internal))?;
         let done = done || eof;
         if take > 0 {
-            timing.data(tracked);
-            tracked.generated(events);
+            if let Some(ttft) = timing.data(tracked) {
+                c.trail.ttft = Some(ttft);
+            }
+            c.trail.bytes_out += take as u64;
+            all_events += events;
+            if count_tokens {
+                tracked.generated(events);
+            }
         }
         write_piece(c, cf, take, done).await?;
         c.io.rbuf.drain(..take);
         if done {
+            observe_output(cells, &usage, timing.stream, all_events);
             // Bytes past the end of the message: the connection is out of step; drop it.
             return Ok(resp.reusable
                 && !eof
@@ -163,6 +180,13 @@ pub(super) async fn relay<F: Future<Output = ReadDone>>(
             Err(Interrupt::ClientGone) => return Err(AttemptError::ClientGone),
             Err(Interrupt::Timeout) => return Err(AttemptError::Broken(Outcome::ResponseTimeout)),
         }
+    }
+}
+
+/// `dynamo_frontend_output_sequence_tokens` of a whole response.
+fn observe_output(cells: &ModelCore, usage: &UsageScanner, stream: bool, events: u64) {
+    if let Some(n) = output_tokens(usage, stream, events) {
+        cells.osl.observe_count(&OSL_BUCKETS, n);
     }
 }
 

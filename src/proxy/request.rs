@@ -11,6 +11,7 @@ use super::body::BodyError;
 use super::conn::Conn;
 use super::error::RequestError;
 use super::forward::{Client, Forwarded, forward};
+use super::log::{Target, Trail};
 use super::watch::Reader;
 use crate::http::limits::{INITIAL_READ_BUF, RETAINED_BUF_MAX};
 use crate::http::write::upstream_request_head;
@@ -85,6 +86,15 @@ impl Conn {
         header.and_then(Class::parse).unwrap_or(model.class)
     }
 
+    /// The upstream request's head, into the reused `out` buffer, with trace context.
+    fn upstream_head(&mut self, buf: &[u8], body_len: usize) {
+        let out = &mut self.io.out;
+        out.clear();
+        let (head, rid) = (&self.head, self.request_id.get());
+        upstream_request_head(out, buf, head, body_len, self.peer.get(), rid);
+        self.trace_context(buf);
+    }
+
     /// Returns whether the connection stays open.
     pub(super) async fn proxy<F: Future<Output = ReadDone>>(
         &mut self,
@@ -92,6 +102,7 @@ impl Conn {
         endpoint: Endpoint,
     ) -> bool {
         let started = clock::now();
+        let target = Target::of(self, reader.buf());
         if !self.continue_100(&reader).await {
             return false;
         }
@@ -112,6 +123,8 @@ impl Conn {
             Err(e) => {
                 add(&self.ctx.counters().bad_requests, 1);
                 reader.as_mut().consume(body.request_end, INITIAL_READ_BUF);
+                let status = e.status(snap.config.overload_status_code);
+                self.log_local(&target, status, started, body.request_end as u64);
                 return self.answer(e, keep, true).await;
             }
         };
@@ -134,23 +147,16 @@ impl Conn {
             client_keep_alive: keep,
             started,
         };
-        let out = &mut self.io.out;
-        out.clear();
-        let (head, rid) = (&self.head, self.request_id.get());
-        upstream_request_head(
-            out,
-            reader.buf(),
-            head,
-            req.body.len(),
-            self.peer.get(),
-            rid,
-        );
+        self.upstream_head(reader.buf(), req.body.len());
+        let mut trail = Trail::default();
         let mut client = Client {
             reader: reader.as_mut(),
             io: &mut self.io,
             request_id: self.request_id.get(),
+            trail: &mut trail,
         };
         let forwarded = forward(&self.ctx, &mut client, &req).await;
+        self.log_forwarded(&target, &req, forwarded, &trail);
         if self.io.out.capacity() > RETAINED_BUF_MAX {
             // One large body must not pin its buffer on an idle keep-alive connection.
             self.io.out.clear();

@@ -41,3 +41,11 @@ pub fn unix_secs() -> u64 {
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_secs())
 }
+
+/// Milliseconds since the Unix epoch (access log times).
+#[allow(clippy::disallowed_methods)]
+pub fn unix_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

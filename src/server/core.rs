@@ -10,6 +10,7 @@ use std::thread::JoinHandle;
 
 use monoio::net::TcpListener;
 
+use crate::accesslog::CoreLog;
 use crate::proxy::{self, CoreCtx};
 use crate::runtime::{self, clock};
 use crate::state::Shared;
@@ -17,18 +18,29 @@ use crate::state::Shared;
 /// A core's listener before its runtime adopts it: socket, stop channel, TLS or not.
 pub(super) type StdListenerParts = (StdListener, StdUnixStream, bool);
 
-pub(super) fn spawn(
-    id: usize,
-    cpu: Option<usize>,
-    listeners: Vec<StdListenerParts>,
-    shared: Arc<Shared>,
-) -> io::Result<JoinHandle<()>> {
-    std::thread::Builder::new()
-        .name(format!("spillway-core-{id}"))
-        .spawn(move || run(id, cpu, listeners, shared))
+/// What a core's thread starts with.
+pub(super) struct Core {
+    pub id: usize,
+    pub cpu: Option<usize>,
+    pub listeners: Vec<StdListenerParts>,
+    pub shared: Arc<Shared>,
+    pub log: CoreLog,
 }
 
-fn run(id: usize, cpu: Option<usize>, listeners: Vec<StdListenerParts>, shared: Arc<Shared>) {
+pub(super) fn spawn(core: Core) -> io::Result<JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name(format!("spillway-core-{}", core.id))
+        .spawn(move || run(core))
+}
+
+fn run(core: Core) {
+    let Core {
+        id,
+        cpu,
+        listeners,
+        shared,
+        log,
+    } = core;
     runtime::pin_current(cpu, "core");
     let mut rt = match runtime::build(0) {
         Ok(rt) => rt,
@@ -56,6 +68,7 @@ fn run(id: usize, cpu: Option<usize>, listeners: Vec<StdListenerParts>, shared: 
             ^ (id as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15)
             ^ u64::from(std::process::id());
         let ctx = Rc::new(CoreCtx::new(id, shared, seed));
+        *ctx.log.borrow_mut() = Some(log);
         proxy::run(ctx, adopted).await;
     });
 }

@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::thread::JoinHandle;
 
+use crate::accesslog;
 use crate::config::{Config, ConfigSource};
 use crate::monitor::Command;
 use crate::runtime::listen::{STOP_DRAIN, STOP_NOW, bind_reuseport, stop_channel};
@@ -35,6 +36,8 @@ pub struct ServerHandle {
     control: StdUnixStream,
     cores: Vec<JoinHandle<()>>,
     control_thread: Option<JoinHandle<()>>,
+    /// Set to make the access log's writer reopen its file (SIGUSR2).
+    access_log_reopen: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// Starts the data-path cores and the control thread. Names in the configuration are
@@ -75,10 +78,16 @@ pub fn start(config: Config, source: ConfigSource) -> io::Result<ServerHandle> {
     let shared = Arc::new(Shared::new(registry.build(config, &addrs), cores));
     shared.tls.store(Arc::new(material));
 
+    let snapshots = shared.snapshot.clone();
+    let (logs, writer) = accesslog::start(cores, move |current| {
+        let snap = snapshots.load();
+        let dest = &snap.config.access_log.destination;
+        (dest != current).then(|| dest.clone())
+    })?;
     let mut core_stops = Vec::new();
     let mut threads = Vec::new();
     let mut tls_listeners = tls_listeners.into_iter();
-    for (id, listener) in listeners.into_iter().enumerate() {
+    for ((id, listener), log) in listeners.into_iter().enumerate().zip(logs) {
         let mut parts = Vec::with_capacity(2);
         for (socket, tls) in
             std::iter::once((listener, data_is_tls)).chain(tls_listeners.next().map(|l| (l, true)))
@@ -88,7 +97,14 @@ pub fn start(config: Config, source: ConfigSource) -> io::Result<ServerHandle> {
             parts.push((socket, stop_rx, tls));
         }
         let cpu = data_cpus.get(id).copied().flatten();
-        threads.push(core::spawn(id, cpu, parts, shared.clone())?);
+        let core = core::Core {
+            id,
+            cpu,
+            listeners: parts,
+            shared: shared.clone(),
+            log,
+        };
+        threads.push(core::spawn(core)?);
     }
     let (control, commands) = stop_channel()?;
     let parts = control::Parts {
@@ -109,6 +125,7 @@ pub fn start(config: Config, source: ConfigSource) -> io::Result<ServerHandle> {
         control,
         cores: threads,
         control_thread: Some(control_thread),
+        access_log_reopen: writer.reopen,
     })
 }
 
@@ -123,6 +140,12 @@ impl ServerHandle {
     fn send_control(&self, command: Command) {
         use std::io::Write;
         let _ = (&self.control).write_all(&[command as u8]);
+    }
+
+    /// Makes the access log's writer reopen its file (after logrotate moved it).
+    pub fn reopen_access_log(&self) {
+        self.access_log_reopen
+            .store(true, std::sync::atomic::Ordering::Release);
     }
 
     /// Stops every core and the control thread now (requests in flight are cut) and waits.

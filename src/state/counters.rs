@@ -141,6 +141,16 @@ pub const ITL_BUCKETS: [f64; 13] = [
 ];
 pub const DURATION_BUCKETS: [f64; 10] = [0.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 130.0, 260.0, 510.0];
 
+/// `dynamo_frontend_input_sequence_tokens` and `dynamo_frontend_cached_tokens`: Dynamo's
+/// log-spaced buckets from 50 to 128,000 tokens (12, rounded to 2 significant figures).
+pub const ISL_BUCKETS: [f64; 12] = [
+    0.0, 100.0, 210.0, 430.0, 870.0, 1800.0, 3600.0, 7400.0, 15000.0, 31000.0, 63000.0, 130000.0,
+];
+/// `dynamo_frontend_output_sequence_tokens`: 50 to 32,000 tokens, 10 buckets.
+pub const OSL_BUCKETS: [f64; 10] = [
+    0.0, 100.0, 210.0, 430.0, 880.0, 1800.0, 3700.0, 7600.0, 16000.0, 32000.0,
+];
+
 /// `dynamo_component_router_kv_hit_rate`: the share of a request's blocks predicted cached
 /// on the worker `kv` routing chose.
 pub const KV_HIT_BUCKETS: [f64; 11] = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0];
@@ -179,6 +189,17 @@ impl<const N: usize> Histogram<N> {
         add(&self.sum_ns, (secs * 1e9) as u64);
     }
 
+    /// Observes a count (tokens): the sum holds whole units, not nanoseconds.
+    #[inline]
+    pub fn observe_count(&self, bounds: &[f64; N], n: u64) {
+        let v = n as f64;
+        match bounds.iter().position(|&b| v <= b) {
+            Some(i) => add(&self.counts[i], 1),
+            None => add(&self.overflow, 1),
+        }
+        add(&self.sum_ns, n);
+    }
+
     /// Adds this histogram's counts into `into` (per-bucket, non-cumulative) and sums.
     pub fn accumulate(&self, counts: &mut [u64], sum_ns: &mut u64) {
         for (i, c) in self.counts.iter().enumerate() {
@@ -186,6 +207,26 @@ impl<const N: usize> Histogram<N> {
         }
         counts[N] += self.overflow.load(Relaxed);
         *sum_ns += self.sum_ns.load(Relaxed);
+    }
+}
+
+/// Where a request stands before its first response byte
+/// (`dynamo_frontend_stage_requests{stage}`): being routed (picked, waiting at a worker's
+/// admission gate), or dispatched upstream and waiting for the worker's answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stage {
+    Route,
+    Dispatch,
+}
+
+impl Stage {
+    pub const ALL: [Stage; 2] = [Stage::Route, Stage::Dispatch];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Stage::Route => "route",
+            Stage::Dispatch => "dispatch",
+        }
     }
 }
 
@@ -202,6 +243,13 @@ pub struct ModelCore {
     pub duration: Histogram<10>,
     pub kv_hit_rate: Histogram<11>,
     pub router_overhead: Histogram<12>,
+    /// Prompt tokens (estimated as the router does), generated tokens, and the tokens `kv`
+    /// routing predicted cached on the chosen worker.
+    pub isl: Histogram<12>,
+    pub osl: Histogram<10>,
+    pub cached_tokens: Histogram<12>,
+    /// Requests in each [`Stage`] (a gauge: added and taken back by this core).
+    pub stages: [AtomicU64; 2],
     /// `kv` routing's index: chunks newly predicted on a worker, predictions given up.
     kv_added: AtomicU64,
     kv_evicted: AtomicU64,
@@ -223,6 +271,10 @@ impl Default for ModelCore {
             duration: Histogram::default(),
             kv_hit_rate: Histogram::default(),
             router_overhead: Histogram::default(),
+            isl: Histogram::default(),
+            osl: Histogram::default(),
+            cached_tokens: Histogram::default(),
+            stages: std::array::from_fn(|_| AtomicU64::new(0)),
             kv_added: AtomicU64::new(0),
             kv_evicted: AtomicU64::new(0),
             migrations: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -321,6 +373,14 @@ impl ModelMetrics {
     pub fn inflight(&self) -> u64 {
         self.total(|c| &c.inflight)
     }
+
+    /// Requests in `stage` now, over all cores (each core's cell may wrap below zero on
+    /// its own; the sum does not).
+    pub fn in_stage(&self, stage: Stage) -> u64 {
+        self.cores.iter().fold(0u64, |a, c| {
+            a.wrapping_add(c.stages[stage as usize].load(Relaxed))
+        })
+    }
 }
 
 /// Process-wide data-path counters of one core.
@@ -344,6 +404,10 @@ pub struct CoreCounters {
     pub buffers_lent: AtomicU64,
     pub buffer_pool_bytes: AtomicU64,
     pub parked_connections: AtomicU64,
+    /// Access log lines written into the core's buffers, and lines dropped because the
+    /// writer thread had no free buffer to give back.
+    pub access_log_lines: AtomicU64,
+    pub access_log_dropped: AtomicU64,
 }
 
 #[cfg(test)]

@@ -1,0 +1,67 @@
+//! The rest of Dynamo's frontend series its dashboards query: sequence lengths, predicted
+//! cached tokens, active and queued requests, and requests per stage.
+
+use super::families::{Families, count_histogram, labels};
+use super::per_model;
+use crate::state::Snapshot;
+use crate::state::counters::{ISL_BUCKETS, OSL_BUCKETS, Stage};
+
+pub(super) fn families(f: &mut Families, snap: &Snapshot) {
+    let each = |h: &dyn Fn(&crate::state::Model) -> prometheus::proto::Histogram| {
+        snap.models
+            .iter()
+            .map(|m| (labels(&[("model", &m.name)]), h(m)))
+            .collect::<Vec<_>>()
+    };
+    f.histogram(
+        "dynamo_frontend_input_sequence_tokens",
+        "Input sequence length in tokens",
+        each(&|m| count_histogram(&ISL_BUCKETS, &m.metrics, |c| &c.isl)),
+    );
+    f.histogram(
+        "dynamo_frontend_output_sequence_tokens",
+        "Output sequence length in tokens",
+        each(&|m| count_histogram(&OSL_BUCKETS, &m.metrics, |c| &c.osl)),
+    );
+    let kv = snap.models.iter().filter(|m| m.kv.is_some());
+    f.histogram(
+        "dynamo_frontend_cached_tokens",
+        "Number of cached tokens (prefix cache hits) per request",
+        kv.map(|m| {
+            let h = count_histogram(&ISL_BUCKETS, &m.metrics, |c| &c.cached_tokens);
+            (labels(&[("model", &m.name)]), h)
+        })
+        .collect::<Vec<_>>(),
+    );
+    f.gauge(
+        "dynamo_frontend_active_requests",
+        "Number of requests currently being handled by the frontend, from HTTP handler entry to response completion",
+        per_model(snap, |m| m.metrics.inflight() as f64),
+    );
+    f.gauge(
+        "dynamo_frontend_queued_requests",
+        "Number of requests in HTTP processing queue",
+        per_model(snap, |m| {
+            Stage::ALL
+                .iter()
+                .map(|s| m.metrics.in_stage(*s) as f64)
+                .sum()
+        }),
+    );
+    let mut stages = Vec::new();
+    for m in snap.models.iter() {
+        for s in Stage::ALL {
+            let l = [
+                ("model", &*m.name),
+                ("stage", s.label()),
+                ("phase", "aggregated"),
+            ];
+            stages.push((labels(&l), m.metrics.in_stage(s) as f64));
+        }
+    }
+    f.gauge(
+        "dynamo_frontend_stage_requests",
+        "Number of requests currently in the given pipeline stage",
+        stages,
+    );
+}
