@@ -240,6 +240,8 @@ fn fleet_on_loopback() {
         let body = format!(r#"{{"worker_id":"{name}","active_prefill_tokens":500}}"#);
         assert_eq!(admin_post(edges[1].admin_addr, "/load", &body).status, 200);
     }
+    // Requests picked before the busy set changed may still be on their way: let them land.
+    std::thread::sleep(Duration::from_millis(300));
     let before: usize = engines[1].iter().map(|e| e.upstream.count()).sum();
     std::thread::sleep(Duration::from_millis(500));
     let after: usize = engines[1].iter().map(|e| e.upstream.count()).sum();

@@ -6,7 +6,7 @@ mod control;
 mod core;
 
 use std::io;
-use std::net::SocketAddr;
+use std::net::{SocketAddr, TcpListener as StdListener};
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -48,31 +48,16 @@ pub fn start(config: Config, source: ConfigSource) -> io::Result<ServerHandle> {
     let (data_cpus, control_cpu) = placement(&config);
 
     // Bind everything first so errors surface before any thread starts.
-    let first = bind_reuseport(addrs.listen)?;
-    let data_addr = first.local_addr()?;
-    let mut listeners = vec![first];
-    for _ in 1..cores {
-        listeners.push(bind_reuseport(data_addr)?);
-    }
-    let mut tls_listeners = Vec::new();
-    if let Some(addr) = addrs.tls_listen {
-        let first = bind_reuseport(addr)?;
-        let addr = first.local_addr()?;
-        tls_listeners.push(first);
-        for _ in 1..cores {
-            tls_listeners.push(bind_reuseport(addr)?);
-        }
-    }
-    let tls_addr = tls_listeners.first().map(|l| l.local_addr()).transpose()?;
+    let (listeners, data_addr) = bind_per_core(addrs.listen, cores)?;
+    let (tls_listeners, tls_addr) = match addrs.tls_listen {
+        Some(addr) => bind_per_core(addr, cores).map(|(l, a)| (l, Some(a)))?,
+        None => (Vec::new(), None),
+    };
     let admin = bind_reuseport(addrs.admin_listen)?;
     let admin_addr = admin.local_addr()?;
     // Certificates and trust roots: a bad file stops the start here.
     let material = tls::load(&config.tls).map_err(io::Error::other)?;
-    let data_is_tls = config
-        .tls
-        .listener
-        .as_ref()
-        .is_some_and(|l| l.listen.is_none());
+    let data_is_tls = (config.tls.listener.as_ref()).is_some_and(|l| l.listen.is_none());
 
     let mut registry = Registry::new(cores, clock::unix_secs());
     let shared = Arc::new(Shared::new(registry.build(config, &addrs), cores));
@@ -127,6 +112,18 @@ pub fn start(config: Config, source: ConfigSource) -> io::Result<ServerHandle> {
         control_thread: Some(control_thread),
         access_log_reopen: writer.reopen,
     })
+}
+
+/// One SO_REUSEPORT listener per core on `addr` (port 0: the first one's port), and the
+/// address they share.
+fn bind_per_core(addr: SocketAddr, cores: usize) -> io::Result<(Vec<StdListener>, SocketAddr)> {
+    let first = bind_reuseport(addr)?;
+    let addr = first.local_addr()?;
+    let mut listeners = vec![first];
+    for _ in 1..cores {
+        listeners.push(bind_reuseport(addr)?);
+    }
+    Ok((listeners, addr))
 }
 
 impl ServerHandle {
