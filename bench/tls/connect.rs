@@ -14,7 +14,8 @@
 //! verifies both against that CA instead.
 //!
 //! `cargo build --release --example tls_connect`;
-//! `target/release/examples/tls_connect 127.0.0.1:PORT SECONDS CONNS [--ca CA.pem]`.
+//! `target/release/examples/tls_connect 127.0.0.1:PORT SECONDS CONNS [--ca CA.pem]
+//! [--suite TLS13_AES_128_GCM_SHA256]` (`--suite`: offer that one suite only).
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -67,8 +68,15 @@ impl ServerCertVerifier for NoVerify {
     }
 }
 
-fn config(ca: Option<&str>) -> Arc<ClientConfig> {
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+fn config(ca: Option<&str>, suite: Option<&str>) -> Arc<ClientConfig> {
+    let mut provider = rustls::crypto::ring::default_provider();
+    if let Some(name) = suite {
+        provider
+            .cipher_suites
+            .retain(|s| format!("{:?}", s.suite()) == name);
+        assert!(!provider.cipher_suites.is_empty(), "no suite {name}");
+    }
+    let provider = Arc::new(provider);
     let builder = ClientConfig::builder_with_provider(provider.clone())
         .with_protocol_versions(&[&rustls::version::TLS13])
         .expect("TLS 1.3");
@@ -191,17 +199,18 @@ fn worker(addr: SocketAddr, config: Arc<ClientConfig>, stop: Arc<AtomicBool>) ->
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 3 || args.iter().any(|a| a == "--bench" || a == "--help") {
-        eprintln!("usage: tls_connect HOST:PORT SECONDS CONNS [--ca CA.pem]");
+        eprintln!("usage: tls_connect HOST:PORT SECONDS CONNS [--ca CA.pem] [--suite NAME]");
         return;
     }
     let addr: SocketAddr = args[0].parse().expect("HOST:PORT");
     let secs: f64 = args[1].parse().expect("SECONDS");
     let conns: usize = args[2].parse().expect("CONNS");
-    let ca = args
-        .iter()
-        .position(|a| a == "--ca")
-        .map(|i| args[i + 1].as_str());
-    let config = config(ca);
+    let flag = |name: &str| {
+        let i = args.iter().position(|a| a == name)?;
+        Some(args.get(i + 1).expect("a value after the flag").as_str())
+    };
+    let ca = flag("--ca");
+    let config = config(ca, flag("--suite"));
     let stop = Arc::new(AtomicBool::new(false));
     let start = Instant::now();
     let threads: Vec<_> = (0..conns)
