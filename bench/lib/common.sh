@@ -223,6 +223,116 @@ http {
 EOF
 }
 
+# The proxies under test as keep-alive reverse proxies to the origin on 127.0.0.1:ORIGIN, one
+# core each on CPU (bench/proxy, bench/tls). Each prints its configuration.
+
+# spillway_proxy_toml CPU PORT ADMIN_PORT ORIGIN [EXTRA]: EXTRA is appended (a [tls] table).
+spillway_proxy_toml() {
+  local cpu=$1 port=$2 admin=$3 origin=$4 extra=${5:-}
+  cat <<EOF
+listen = "127.0.0.1:$port"
+admin_listen = "127.0.0.1:$admin"
+cores = 1
+cpus = [$cpu]
+monitor_cpu = $cpu
+
+[[models]]
+name = "bench-model"
+
+[[models.workers]]
+url = "http://127.0.0.1:$origin"
+name = "origin"
+EOF
+  [[ -z $extra ]] || printf '\n%s\n' "$extra"
+}
+
+# nginx_proxy_conf DIR CPU ORIGIN LISTEN [EXTRA]: one worker on CPU; pid, logs and temp
+# files in DIR (created). LISTEN: the listen directive's address and flags
+# ("127.0.0.1:PORT", "127.0.0.1:PORT ssl"); EXTRA: more lines for the http block (a TLS
+# certificate, a status server).
+nginx_proxy_conf() {
+  local dir=$1 cpu=$2 origin=$3 listen=$4 extra=${5:-} mask
+  mask="1$(printf '%*s' "$cpu" '' | tr ' ' 0)"
+  ((${#mask} > 1)) || mask="0$mask"
+  mkdir -p "$dir"
+  cat <<EOF
+# nginx as the equivalent keep-alive reverse proxy: one worker on CPU $cpu.
+worker_processes 1;
+worker_cpu_affinity $mask;
+daemon off;
+pid $dir/nginx.pid;
+error_log $dir/error.log warn;
+events { worker_connections 8192; }
+http {
+  access_log off;
+  client_body_temp_path $dir; proxy_temp_path $dir; fastcgi_temp_path $dir;
+  uwsgi_temp_path $dir; scgi_temp_path $dir;
+  keepalive_requests 100000000;
+  keepalive_timeout 120s;
+  upstream origin {
+    server 127.0.0.1:$origin;
+    keepalive 128;
+    keepalive_requests 100000000;
+  }
+  server {
+    listen $listen backlog=4096;
+    location / {
+      proxy_pass http://origin;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+    }
+  }
+EOF
+  [[ -z $extra ]] || printf '%s\n' "$extra"
+  echo "}"
+}
+
+# haproxy_proxy_cfg CPU ORIGIN BIND [GLOBAL]: one thread on CPU. BIND: the bind line's
+# arguments ("127.0.0.1:PORT", or with "ssl crt FILE ..."); GLOBAL: more global lines.
+haproxy_proxy_cfg() {
+  local cpu=$1 origin=$2 bind=$3 global=${4:-}
+  cat <<EOF
+# HAProxy as the equivalent keep-alive reverse proxy: one thread on CPU $cpu.
+global
+    nbthread 1
+    cpu-map 1/1 $cpu
+    maxconn 8000
+EOF
+  [[ -z $global ]] || printf '%s\n' "$global"
+  cat <<EOF
+defaults
+    mode http
+    timeout connect 2s
+    timeout client 60s
+    timeout server 60s
+    timeout http-keep-alive 60s
+    option http-keep-alive
+    http-reuse always
+frontend fe
+    bind $bind
+    default_backend be
+backend be
+    server origin 127.0.0.1:$origin
+EOF
+}
+
+# with_children PID: PID and its direct children (nginx's master and its worker).
+with_children() {
+  echo "$1 $(pgrep -P "$1" | tr '\n' ' ')"
+}
+
+# find_wrk2: sets WRK2 to wrk2 on PATH, else /opt/wrk2bin/wrk2, else empty (see
+# bench/README.md for building it).
+find_wrk2() {
+  WRK2=$(command -v wrk2 || true)
+  if [[ -z $WRK2 && -x /opt/wrk2bin/wrk2 ]]; then WRK2=/opt/wrk2bin/wrk2; fi
+}
+
+# cpu_busy_ticks CPU: clock ticks that CPU has spent not idle since boot (/proc/stat).
+cpu_busy_ticks() {
+  awk -v c="cpu$1" '$1 == c { print $2 + $3 + $4 + $7 + $8 + $9 }' /proc/stat
+}
+
 # cpu_ticks PID...: utime+stime of the processes (all their threads), in clock ticks.
 cpu_ticks() {
   local total=0 pid f
@@ -232,6 +342,14 @@ cpu_ticks() {
     total=$((total + f[11] + f[12]))
   done
   echo "$total"
+}
+
+# children_ticks: utime+stime of this script's waited-for children so far (cutime+cstime of
+# $$), in clock ticks: around one run_pinned, the load generator's own CPU time.
+children_ticks() {
+  local f
+  read -r -a f <<<"$(sed 's/^.*) //' "/proc/$$/stat")"
+  echo $((f[13] + f[14]))
 }
 
 # machine_header: Markdown lines describing the machine and the moment.

@@ -51,74 +51,11 @@ T=$BENCH_TMP
 read -r P_ORIGIN P_SPILLWAY P_ADMIN P_NGINX P_HAPROXY <<<"$(free_ports 5)"
 
 # --- configurations -------------------------------------------------------------------
-mkdir -p "$T/nginx"
 origin_conf "$T/origin" "$P_ORIGIN" 10 >"$T/origin.conf"
 
-cat >"$T/spillway.toml" <<EOF
-listen = "127.0.0.1:$P_SPILLWAY"
-admin_listen = "127.0.0.1:$P_ADMIN"
-cores = 1
-cpus = [$PROXY_CPU]
-monitor_cpu = $PROXY_CPU
-
-[[models]]
-name = "bench-model"
-
-[[models.workers]]
-url = "http://127.0.0.1:$P_ORIGIN"
-name = "origin"
-EOF
-
-cat >"$T/nginx.conf" <<EOF
-# nginx as the equivalent keep-alive reverse proxy: one worker on CPU 0.
-worker_processes 1;
-worker_cpu_affinity 01;
-daemon off;
-pid $T/nginx/nginx.pid;
-error_log $T/nginx/error.log warn;
-events { worker_connections 8192; }
-http {
-  access_log off;
-  client_body_temp_path $T/nginx; proxy_temp_path $T/nginx; fastcgi_temp_path $T/nginx;
-  uwsgi_temp_path $T/nginx; scgi_temp_path $T/nginx;
-  keepalive_requests 100000000;
-  keepalive_timeout 120s;
-  upstream origin {
-    server 127.0.0.1:$P_ORIGIN;
-    keepalive 128;
-    keepalive_requests 100000000;
-  }
-  server {
-    listen 127.0.0.1:$P_NGINX backlog=4096;
-    location / {
-      proxy_pass http://origin;
-      proxy_http_version 1.1;
-      proxy_set_header Connection "";
-    }
-  }
-}
-EOF
-
-cat >"$T/haproxy.cfg" <<EOF
-# HAProxy as the equivalent keep-alive reverse proxy: one thread on CPU 0.
-global
-    nbthread 1
-    cpu-map 1/1 $PROXY_CPU
-    maxconn 8000
-defaults
-    mode http
-    timeout connect 2s
-    timeout client 60s
-    timeout server 60s
-    timeout http-keep-alive 60s
-    option http-keep-alive
-    http-reuse always
-frontend fe
-    bind 127.0.0.1:$P_HAPROXY
-    default_backend be
-backend be
-    server origin 127.0.0.1:$P_ORIGIN
-EOF
+spillway_proxy_toml "$PROXY_CPU" "$P_SPILLWAY" "$P_ADMIN" "$P_ORIGIN" >"$T/spillway.toml"
+nginx_proxy_conf "$T/nginx" "$PROXY_CPU" "$P_ORIGIN" "127.0.0.1:$P_NGINX" >"$T/nginx.conf"
+haproxy_proxy_cfg "$PROXY_CPU" "$P_ORIGIN" "127.0.0.1:$P_HAPROXY" >"$T/haproxy.cfg"
 
 "$SPILLWAY" check-config "$T/spillway.toml" >/dev/null 2>&1 || die "spillway config invalid"
 haproxy -c -q -f "$T/haproxy.cfg" || die "haproxy config invalid"
@@ -148,7 +85,7 @@ pids_of() {
   case $1 in
     direct) ;;
     spillway) echo "$PID_SPILLWAY" ;;
-    nginx) echo "$PID_NGINX $(pgrep -P "$PID_NGINX" | tr '\n' ' ')" ;;
+    nginx) with_children "$PID_NGINX" ;;
     haproxy) echo "$PID_HAPROXY" ;;
   esac
 }
