@@ -99,6 +99,10 @@ pub fn server_config(l: &TlsListener) -> Result<ServerConfig, TlsError> {
         None => builder.with_no_client_auth(),
     };
     let mut config = builder.with_single_cert(chain, key)?;
+    // No session cache or tickets: rustls' cache is one mutex shared by every core, and
+    // the cores keep no lock on their path.
+    config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+    config.send_tls13_tickets = 0;
     config.alpn_protocols = vec![ALPN_HTTP11.to_vec()];
     config.enable_secret_extraction = true;
     Ok(config)
