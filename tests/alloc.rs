@@ -3,11 +3,16 @@
 //! allocation while the proxy serves steady keep-alive traffic (small JSON request,
 //! Content-Length response). The client and the fake worker here use fixed buffers and
 //! std sockets, so every allocation counted would be the proxy's.
+//!
+//! The count is process-wide, so this binary has no test harness (`harness = false`): the
+//! harness's own threads allocate as they report one test and start the next, which a
+//! slow machine can overlap with another test's measurement. `main` runs the checks one
+//! after another instead; arguments filter them by name, as with the harness.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
 
-use spillway_testkit::alloc::{CountingAlloc, allocations};
+use spillway_testkit::alloc::{CountingAlloc, allocations, describe_since};
 use spillway_testkit::{model, proxy};
 
 #[global_allocator]
@@ -71,22 +76,13 @@ fn worker() -> String {
     worker_url
 }
 
-/// The allocation count is process-wide: one test at a time, each taking this first,
-/// before it allocates anything (a test building its requests would count in another's
-/// measurement).
-static MEASURING: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
-    MEASURING.lock().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Heap allocations while a proxy in front of `workers` fake workers, configured by
 /// `model_toml` (given their URLs), serves `requests` in turn 5,000 times, after a warm-up.
 fn allocations_per_steady_run(
     workers: usize,
     model_toml: impl Fn(&[String]) -> String,
     requests: &[Vec<u8>],
-) -> u64 {
+) -> (u64, String) {
     let urls: Vec<String> = (0..workers).map(|_| worker()).collect();
     // Connections that idle past `buffer_release_ms` park and allocate their request
     // loop's state again when they wake (once per wake, not per request): keep this one
@@ -116,25 +112,25 @@ fn allocations_per_steady_run(
     for i in 0..5_000 {
         round(&mut client, &requests[i % requests.len()]);
     }
-    allocations() - before
+    (allocations() - before, describe_since(before))
 }
 
-#[test]
 fn steady_state_proxying_allocates_nothing() {
-    let _one = one_at_a_time();
     assert_eq!(
         REQUEST.len() - REQUEST.windows(4).position(|w| w == b"\r\n\r\n").unwrap() - 4,
         72
     );
-    let n = allocations_per_steady_run(1, |urls| model("m", "", urls), &[REQUEST.to_vec()]);
-    assert_eq!(n, 0, "{n} heap allocations over 5,000 proxied requests");
+    let (n, whose) =
+        allocations_per_steady_run(1, |urls| model("m", "", urls), &[REQUEST.to_vec()]);
+    assert_eq!(
+        n, 0,
+        "{n} heap allocations over 5,000 proxied requests: {whose}"
+    );
 }
 
 /// `kv` mode: every request's prompt (a shared system prompt, then one of four
 /// conversations) is hashed, looked up in the predicted-cache index and recorded there.
-#[test]
 fn kv_routing_allocates_nothing() {
-    let _one = one_at_a_time();
     let system = "You are a helpful assistant. ".repeat(40);
     let requests: Vec<Vec<u8>> = (0..4)
         .map(|k| {
@@ -150,16 +146,17 @@ fn kv_routing_allocates_nothing() {
         })
         .collect();
     let kv = |urls: &[String]| model("m", "router_mode = \"kv\"", urls);
-    let n = allocations_per_steady_run(3, kv, &requests);
-    assert_eq!(n, 0, "{n} heap allocations over 5,000 kv-routed requests");
+    let (n, whose) = allocations_per_steady_run(3, kv, &requests);
+    assert_eq!(
+        n, 0,
+        "{n} heap allocations over 5,000 kv-routed requests: {whose}"
+    );
 }
 
 /// The same over TLS: a kept-alive session's requests are opened and its responses sealed
 /// in place, so the steady state still allocates nothing. The client is a Python process
 /// (its allocations are not this process's).
-#[test]
 fn steady_state_over_tls_allocates_nothing() {
-    let _one = one_at_a_time();
     use std::io::BufRead;
     use std::process::{Command, Stdio};
     let python = std::env::var("SPILLWAY_PYTHON").unwrap_or_else(|_| "python3".into());
@@ -200,20 +197,19 @@ fn steady_state_over_tls_allocates_nothing() {
     line.clear();
     stdout.read_line(&mut line).unwrap();
     let n = allocations() - before;
+    let whose = describe_since(before);
     assert_eq!(line.trim(), "done", "the TLS client failed");
     assert!(child.wait().unwrap().success());
     assert_eq!(
         n, 0,
-        "{n} heap allocations over 5,000 requests on one TLS session"
+        "{n} heap allocations over 5,000 requests on one TLS session: {whose}"
     );
 }
 
 /// With the access log on (JSON lines to a file, a trace context made for every request),
 /// cores format into reused buffers and the writer thread hands them back: still nothing
 /// allocated per request.
-#[test]
 fn access_log_allocates_nothing() {
-    let _one = one_at_a_time();
     let dir = spillway_testkit::tools::scratch_dir("alloc-log");
     let path = dir.join("access.log");
     let with_log = |urls: &[String]| {
@@ -223,12 +219,46 @@ fn access_log_allocates_nothing() {
             model("m", "", urls)
         )
     };
-    let n = allocations_per_steady_run(1, with_log, &[REQUEST.to_vec()]);
+    let (n, whose) = allocations_per_steady_run(1, with_log, &[REQUEST.to_vec()]);
     let lines = std::fs::read_to_string(&path)
         .unwrap_or_default()
         .lines()
         .count();
     let _ = std::fs::remove_dir_all(&dir);
-    assert_eq!(n, 0, "{n} heap allocations over 5,000 logged requests");
+    assert_eq!(
+        n, 0,
+        "{n} heap allocations over 5,000 logged requests: {whose}"
+    );
     assert!(lines > 0, "no line reached the log");
+}
+
+fn main() {
+    let checks: [(&str, fn()); 4] = [
+        (
+            "steady_state_proxying_allocates_nothing",
+            steady_state_proxying_allocates_nothing,
+        ),
+        ("kv_routing_allocates_nothing", kv_routing_allocates_nothing),
+        (
+            "steady_state_over_tls_allocates_nothing",
+            steady_state_over_tls_allocates_nothing,
+        ),
+        ("access_log_allocates_nothing", access_log_allocates_nothing),
+    ];
+    // Harness flags (`--nocapture`, `--test-threads`, ...) are accepted and ignored; any
+    // other argument keeps only the checks whose name contains it.
+    let filters: Vec<String> = std::env::args()
+        .skip(1)
+        .filter(|a| !a.starts_with('-'))
+        .collect();
+    let chosen: Vec<_> = checks
+        .iter()
+        .filter(|(name, _)| filters.is_empty() || filters.iter().any(|f| name.contains(f.as_str())))
+        .collect();
+    println!("\nrunning {} checks", chosen.len());
+    for (name, check) in &chosen {
+        check();
+        println!("test {name} ... ok");
+    }
+    println!("\ntest result: ok. {} passed\n", chosen.len());
 }

@@ -2,12 +2,52 @@
 //!
 //! A binary installs it with
 //! `#[global_allocator] static GLOBAL: CountingAlloc = CountingAlloc;`
-//! and reads the count with [`allocations`].
+//! and reads the count with [`allocations`]; [`describe_since`] names the threads and
+//! sizes of the latest ones, so a failing zero-allocation test says whose they were.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// The latest allocations, by their number modulo `RECENT`: the thread's id and the size.
+const RECENT: usize = 64;
+static RECENT_TID: [AtomicI32; RECENT] = [const { AtomicI32::new(0) }; RECENT];
+static RECENT_SIZE: [AtomicUsize; RECENT] = [const { AtomicUsize::new(0) }; RECENT];
+
+/// Counts one allocation and remembers who made it (without allocating).
+#[allow(unsafe_code)]
+fn count(size: usize) {
+    let n = ALLOCATIONS.fetch_add(1, Ordering::Relaxed) as usize % RECENT;
+    // SAFETY: gettid has no preconditions and cannot fail.
+    let tid = unsafe { libc::gettid() };
+    RECENT_TID[n].store(tid, Ordering::Relaxed);
+    RECENT_SIZE[n].store(size, Ordering::Relaxed);
+}
+
+/// The allocations counted since the count was `since` (the latest 64 at most): each one's
+/// size and its thread's name, e.g. `48 B on spillway-monitor`. Call it after measuring: it
+/// allocates.
+pub fn describe_since(since: u64) -> String {
+    let now = allocations();
+    let first = since.max(now.saturating_sub(RECENT as u64));
+    let mut out = String::new();
+    for n in first..now {
+        let slot = n as usize % RECENT;
+        let tid = RECENT_TID[slot].load(Ordering::Relaxed);
+        let size = RECENT_SIZE[slot].load(Ordering::Relaxed);
+        let name = std::fs::read_to_string(format!("/proc/self/task/{tid}/comm"))
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_else(|_| format!("exited thread {tid}"));
+        let _ = write!(
+            out,
+            "{}{size} B on {name}",
+            if out.is_empty() { "" } else { "; " }
+        );
+    }
+    out
+}
 
 /// Forwards every call to [`System`], counting each `alloc`, `alloc_zeroed` and `realloc`.
 #[derive(Debug, Clone, Copy, Default)]
@@ -20,12 +60,12 @@ pub fn allocations() -> u64 {
 }
 
 // SAFETY: every method hands its arguments unchanged to `System`, which meets the
-// `GlobalAlloc` contract, and returns what `System` returns; counting only bumps an
-// atomic, so it neither allocates nor unwinds.
+// `GlobalAlloc` contract, and returns what `System` returns; counting only stores to
+// atomics (and asks the kernel for the thread's id), so it neither allocates nor unwinds.
 #[allow(unsafe_code)]
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count(layout.size());
         // SAFETY: our caller meets `alloc`'s contract for `layout`; it is the same for `System`.
         unsafe { System.alloc(layout) }
     }
@@ -36,14 +76,14 @@ unsafe impl GlobalAlloc for CountingAlloc {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count(layout.size());
         // SAFETY: our caller meets `alloc_zeroed`'s contract for `layout`; it is the same
         // for `System`.
         unsafe { System.alloc_zeroed(layout) }
     }
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        count(new_size);
         // SAFETY: `ptr` came from this allocator, hence from `System`, with `layout`, and our
         // caller meets `realloc`'s contract for `new_size`.
         unsafe { System.realloc(ptr, layout, new_size) }
