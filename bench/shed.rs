@@ -9,7 +9,7 @@
 #[path = "fleet.rs"]
 mod fleet;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group};
@@ -186,6 +186,50 @@ fn push_scaling(c: &mut Criterion) {
     g.finish();
 }
 
+/// The monitor's work per NATS message at fleet scale (`fleet_scale`'s load): 4,096 workers
+/// × 8 ranks, one message per worker with its 8 rank events; a read of 75 messages is
+/// parsed and applied message by message (`Control::apply_nats`), then its workers'
+/// members are evaluated and published at once (`flush_nats`). Two load variants
+/// alternate, so about one worker in five changes its busy state each read.
+fn nats_read(c: &mut Criterion) {
+    const FLEET: usize = 4096;
+    const READ: usize = 75;
+    let text = fleet::model_toml(FLEET, DP, "round-robin", 40_000);
+    let snap =
+        Snapshot::standalone(Config::parse(&text, &Overrides::default()).unwrap(), 1).unwrap();
+    let variants: Vec<Vec<String>> = (0..2)
+        .map(|v| fleet::load_batches(v, FLEET, DP, FLEET))
+        .collect();
+    let shared = shared(spillway::config::default_cores());
+    let mut mon = Monitor::new(&snap);
+    let mut touched = HashSet::new();
+    for m in &variants[0] {
+        let events = parse_events(m.as_bytes()).unwrap();
+        mon.table
+            .push_known(&snap, &events, NOW, &mut touched)
+            .unwrap();
+    }
+    mon.publish(&shared, &snap, NOW);
+    touched.clear();
+    let mut g = c.benchmark_group("nats_4096x8");
+    g.throughput(Throughput::Elements(READ as u64));
+    g.sample_size(20);
+    let mut at = 0usize;
+    g.bench_function("read_of_75_messages", |b| {
+        b.iter(|| {
+            let batch = &variants[(at / FLEET) % 2];
+            for i in 0..READ {
+                let events = parse_events(batch[(at + i) % FLEET].as_bytes()).unwrap();
+                black_box(mon.table.push_known(&snap, &events, NOW, &mut touched)).unwrap();
+            }
+            at += READ;
+            black_box(mon.publish_slots(&shared, &snap, NOW, &touched));
+            touched.clear();
+        })
+    });
+    g.finish();
+}
+
 /// Allocations per call of `op`, after one warm-up call.
 fn allocations_per_call(mut op: impl FnMut()) -> f64 {
     const CALLS: u64 = 10;
@@ -267,7 +311,7 @@ fn report_allocations() {
     println!();
 }
 
-criterion_group!(benches, busy_rule, monitor, push_scaling);
+criterion_group!(benches, busy_rule, monitor, push_scaling, nats_read);
 
 fn main() {
     report_allocations();

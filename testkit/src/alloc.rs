@@ -16,12 +16,23 @@ const RECENT: usize = 64;
 static RECENT_TID: [AtomicI32; RECENT] = [const { AtomicI32::new(0) }; RECENT];
 static RECENT_SIZE: [AtomicUsize; RECENT] = [const { AtomicUsize::new(0) }; RECENT];
 
+thread_local! {
+    /// This thread's id, asked of the kernel once (0: not yet). Const-initialised and
+    /// without a destructor, so reading it never allocates.
+    static TID: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+}
+
 /// Counts one allocation and remembers who made it (without allocating).
 #[allow(unsafe_code)]
 fn count(size: usize) {
     let n = ALLOCATIONS.fetch_add(1, Ordering::Relaxed) as usize % RECENT;
-    // SAFETY: gettid has no preconditions and cannot fail.
-    let tid = unsafe { libc::gettid() };
+    let tid = TID.with(|t| {
+        if t.get() == 0 {
+            // SAFETY: gettid has no preconditions and cannot fail.
+            t.set(unsafe { libc::gettid() });
+        }
+        t.get()
+    });
     RECENT_TID[n].store(tid, Ordering::Relaxed);
     RECENT_SIZE[n].store(size, Ordering::Relaxed);
 }
