@@ -34,6 +34,17 @@ fn json_lines(path: &Path, n: usize) -> Vec<Value> {
         .collect()
 }
 
+/// Sends `raw` (which asks to close) on a fresh connection; every byte the proxy wrote.
+fn raw_exchange(addr: std::net::SocketAddr, raw: &str) -> Vec<u8> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(raw.as_bytes()).unwrap();
+    let mut got = Vec::new();
+    s.read_to_end(&mut got).unwrap();
+    got
+}
+
 fn setup(what: &str) -> (PathBuf, PathBuf) {
     let dir = scratch_dir(what);
     let log = dir.join("access.log");
@@ -67,8 +78,20 @@ fn success_fields_and_trace_context() {
         ),
     );
     assert_eq!(r.status, 200);
-    assert_eq!(once(p.data_addr, &get("/nope")).status, 404);
-    let lines = json_lines(&log, 3);
+    let not_found = raw_exchange(
+        p.data_addr,
+        "GET /nope HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n",
+    );
+    assert!(not_found.starts_with(b"HTTP/1.1 404 "));
+    let models = raw_exchange(
+        p.data_addr,
+        "GET /v1/models HTTP/1.1\r\nhost: t\r\nconnection: close\r\n\r\n",
+    );
+    assert!(models.starts_with(b"HTTP/1.1 200 "));
+    let no_model = post_with("/v1/completions", "connection: close\r\n", "{}");
+    let no_model = raw_exchange(p.data_addr, std::str::from_utf8(&no_model).unwrap());
+    assert!(no_model.starts_with(b"HTTP/1.1 400 "));
+    let lines = json_lines(&log, 5);
     let v = &lines[0];
     assert_eq!(v["request_id"], "abc");
     assert_eq!(v["client"], "127.0.0.1");
@@ -97,8 +120,65 @@ fn success_fields_and_trace_context() {
     assert_eq!(lines[1]["trace_id"], "0af7651916cd43dd8448eb211c80319c");
     assert_eq!(lines[2]["status"], 404);
     assert_eq!(lines[2]["model"], Value::Null);
+    // Spillway's own answers log the bytes the client got.
+    assert_eq!(lines[2]["bytes_out"], not_found.len(), "{}", lines[2]);
+    assert_eq!(lines[3]["path"], "/v1/models");
+    assert_eq!(lines[3]["bytes_out"], models.len(), "{}", lines[3]);
+    assert_eq!(lines[4]["status"], 400);
+    assert_eq!(lines[4]["bytes_out"], no_model.len(), "{}", lines[4]);
     drop(p);
     let _ = std::fs::remove_dir_all(dir);
+}
+
+/// How many fields called `name` the worker received.
+fn count(seen: &Seen, name: &str) -> usize {
+    seen.headers
+        .iter()
+        .filter(|(n, _)| n.eq_ignore_ascii_case(name))
+        .count()
+}
+
+/// An invalid `traceparent` is never forwarded as it is: replaced by a new one (and its
+/// `tracestate` dropped) with `traceparent = "create"`, dropped with `"pass"`.
+#[test]
+fn invalid_traceparent_is_replaced_or_dropped() {
+    let bad = [
+        "00-00000000000000000000000000000000-b7ad6b7169203331-01",
+        "ff-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
+        "00-0af7651916cd43dd8448eb211c80319c-b7ad6b71692033-01",
+    ];
+    for mode in ["create", "pass"] {
+        let (dir, log) = setup(&format!("log-badtrace-{mode}"));
+        let up = echo_upstream("a");
+        let table = log_table(&log, &format!("traceparent = \"{mode}\""));
+        let p = proxy(1, &format!("{table}{}", model("m", "", &[up.url()])));
+        for tp in bad {
+            let fields = format!("traceparent: {tp}\r\ntracestate: k=v\r\n");
+            let r = once(
+                p.data_addr,
+                &post_with("/v1/completions", &fields, r#"{"model":"m"}"#),
+            );
+            assert_eq!(r.status, 200);
+        }
+        let lines = json_lines(&log, bad.len());
+        let seen = up.seen();
+        assert_eq!(seen.len(), bad.len());
+        for (s, line) in seen.iter().zip(&lines) {
+            assert_eq!(count(s, "tracestate"), 0, "{mode}: {:?}", s.headers);
+            if mode == "create" {
+                assert_eq!(count(s, "traceparent"), 1, "{:?}", s.headers);
+                let made = s.header("traceparent").unwrap();
+                assert!(!bad.contains(&made), "{made}");
+                assert_eq!(made.len(), 55);
+                assert_eq!(&made[3..35], line["trace_id"].as_str().unwrap(), "{line}");
+            } else {
+                assert_eq!(count(s, "traceparent"), 0, "{:?}", s.headers);
+                assert_eq!(line["trace_id"], Value::Null, "{line}");
+            }
+        }
+        drop(p);
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }
 
 #[test]
@@ -123,7 +203,18 @@ fn refusals_migration_and_queue_timeout() {
         worker_name(&ok.url())
     );
     assert_eq!(admin_post(p.admin_addr, "/load", &push).status, 200);
-    assert_eq!(once(p.data_addr, &chat("t")).status, 529);
+    let body = r#"{"model":"t","messages":[]}"#;
+    let refused = String::from_utf8(raw_exchange(
+        p.data_addr,
+        std::str::from_utf8(&post_with(
+            "/v1/chat/completions",
+            "connection: close\r\n",
+            body,
+        ))
+        .unwrap(),
+    ))
+    .unwrap();
+    assert!(refused.starts_with("HTTP/1.1 529 "), "{refused}");
     let running = spawn_request(p.data_addr, chat("q"));
     eventually("held", Duration::from_secs(5), || held.up.count() == 1);
     assert_eq!(once(p.data_addr, &chat("q")).status, 529);
@@ -139,6 +230,7 @@ fn refusals_migration_and_queue_timeout() {
     assert_eq!(busy_line["status"], 529);
     assert_eq!(busy_line["knob"], "prefill_tokens");
     assert_eq!(busy_line["worker"], Value::Null);
+    assert_eq!(busy_line["bytes_out"], refused.len(), "{busy_line}");
     let timed_out = lines
         .iter()
         .find(|v| v["model"] == "q" && v["status"] == 529)

@@ -206,9 +206,20 @@ fn steady_state_over_tls_allocates_nothing() {
     );
 }
 
-/// With the access log on (JSON lines to a file, a trace context made for every request),
-/// cores format into reused buffers and the writer thread hands them back: still nothing
-/// allocated per request.
+/// `REQUEST` with trace context fields after its Host line.
+fn with_fields(fields: &str) -> Vec<u8> {
+    let text = std::str::from_utf8(REQUEST).unwrap();
+    text.replacen(
+        "Host: spillway\r\n",
+        &format!("Host: spillway\r\n{fields}"),
+        1,
+    )
+    .into_bytes()
+}
+
+/// With the access log on (JSON lines to a file; trace context made when absent, passed
+/// through when valid, replaced when invalid), cores format into reused buffers and the
+/// writer thread hands them back: still nothing allocated per request.
 fn access_log_allocates_nothing() {
     let dir = spillway_testkit::tools::scratch_dir("alloc-log");
     let path = dir.join("access.log");
@@ -219,7 +230,16 @@ fn access_log_allocates_nothing() {
             model("m", "", urls)
         )
     };
-    let (n, whose) = allocations_per_steady_run(1, with_log, &[REQUEST.to_vec()]);
+    let requests = [
+        REQUEST.to_vec(),
+        with_fields(
+            "traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01\r\ntracestate: k=v\r\n",
+        ),
+        with_fields(
+            "traceparent: 00-00000000000000000000000000000000-b7ad6b7169203331-01\r\ntracestate: k=v\r\n",
+        ),
+    ];
+    let (n, whose) = allocations_per_steady_run(1, with_log, &requests);
     let lines = std::fs::read_to_string(&path)
         .unwrap_or_default()
         .lines()

@@ -185,7 +185,10 @@ fn sighup_reloads_and_a_broken_file_is_logged_and_counted() {
     eventually("reloaded", Duration::from_secs(5), || {
         once(p.data, &chat("m")).text() == r#"{"worker":"b"}"#
     });
-    assert!(p.line("configuration reloaded").is_some());
+    // The new snapshot is stored before the line is logged: wait for it too.
+    eventually("reload logged", Duration::from_secs(5), || {
+        p.line("configuration reloaded").is_some()
+    });
     file.write("listen = 5\n");
     p.signal(nix::sys::signal::Signal::SIGHUP);
     eventually("error logged", Duration::from_secs(5), || {

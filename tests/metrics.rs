@@ -189,13 +189,21 @@ fn dynamo_token_and_stage_series() {
             v(&format!("dynamo_frontend_queued_requests{{model=\"{m}\"}}")),
             Some(0.0)
         );
-        for stage in ["route", "dispatch"] {
-            let s = format!(
-                "dynamo_frontend_stage_requests{{model=\"{m}\",stage=\"{stage}\",phase=\"aggregated\"}}"
-            );
-            assert_eq!(v(&s), Some(0.0), "{s}");
-        }
     }
+    // Dynamo's labels and stages: {stage, phase}, no model; `preprocess` has phase "".
+    for (stage, phase) in [
+        ("preprocess", ""),
+        ("route", "aggregated"),
+        ("dispatch", "aggregated"),
+    ] {
+        let s = format!("dynamo_frontend_stage_requests{{stage=\"{stage}\",phase=\"{phase}\"}}");
+        assert_eq!(v(&s), Some(0.0), "{s}\n{text}");
+    }
+    let stage_series = text
+        .lines()
+        .filter(|l| l.starts_with("dynamo_frontend_stage_requests{"))
+        .count();
+    assert_eq!(stage_series, 3, "{text}");
     if let Some(problems) = promtool_problems(&text) {
         assert!(problems.is_empty(), "{}\n{text}", problems.join("\n"));
     }
@@ -215,9 +223,8 @@ fn stages_while_requests_wait() {
     let b = spawn_request(p.data_addr, chat("m"));
     let stage = |s: &str| {
         let text = metrics(p.admin_addr);
-        let series = format!(
-            "dynamo_frontend_stage_requests{{model=\"m\",stage=\"{s}\",phase=\"aggregated\"}}"
-        );
+        let series =
+            format!("dynamo_frontend_stage_requests{{stage=\"{s}\",phase=\"aggregated\"}}");
         metric_value(&text, &series)
     };
     eventually(

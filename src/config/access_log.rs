@@ -114,9 +114,11 @@ pub enum Format {
 /// What to do with W3C trace context.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub enum TraceParent {
-    /// Pass a client's `traceparent` through; create one when absent.
+    /// Pass a client's valid `traceparent` (and its `tracestate`) through; create one
+    /// when it is absent or invalid (an invalid one and any `tracestate` are dropped).
     Create,
-    /// Pass it through only.
+    /// Pass a valid one through only; never create one. An invalid `traceparent` and any
+    /// `tracestate` without a valid one are dropped, not forwarded (W3C Trace Context).
     Pass,
 }
 

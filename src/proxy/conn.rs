@@ -216,6 +216,17 @@ impl Conn {
         keep_alive: bool,
         with_body: bool,
     ) -> bool {
+        self.answer_counted(e, keep_alive, with_body).await.0
+    }
+
+    /// [`Conn::answer`], also returning the bytes written to the client (0 when the write
+    /// failed), for the access log.
+    pub(super) async fn answer_counted(
+        &mut self,
+        e: RequestError,
+        keep_alive: bool,
+        with_body: bool,
+    ) -> (bool, u64) {
         let keep_alive = keep_alive && !e.closes_connection();
         let out = &mut self.io.out;
         out.clear();
@@ -227,7 +238,7 @@ impl Conn {
             keep_alive,
             with_body,
         );
-        self.io.write_out().await.is_ok() && keep_alive
+        self.io.write_counted(keep_alive).await
     }
 }
 
@@ -249,6 +260,16 @@ impl ClientIo {
         self.out = buf;
         self.out.clear();
         res
+    }
+
+    /// Writes all of `out` (a whole answer of Spillway's own): whether the connection stays
+    /// open (`keep_alive` and the write went through) and the bytes written.
+    pub(super) async fn write_counted(&mut self, keep_alive: bool) -> (bool, u64) {
+        let n = self.out.len() as u64;
+        match self.write_out().await {
+            Ok(()) => (keep_alive, n),
+            Err(_) => (false, 0),
+        }
     }
 
     /// Writes the first `n` bytes of `rbuf` to the client (a relay without copying).

@@ -72,17 +72,18 @@ impl Conn {
             }
         }
         let status = error.map_or(200, |e| e.status(self.snap.config.overload_status_code));
-        self.log_local(&target, status, started, 0);
-        match error {
-            Some(e) => self.answer(e, keep, with_body).await,
+        let (keep, bytes_out) = match error {
+            Some(e) => self.answer_counted(e, keep, with_body).await,
             None => {
                 let out = &mut self.io.out;
                 out.clear();
                 let models = &self.snap.responses.models;
                 models.write(out, self.request_id.get(), keep, with_body);
-                self.io.write_out().await.is_ok() && keep
+                self.io.write_counted(keep).await
             }
-        }
+        };
+        self.log_local(&target, status, started, 0, bytes_out);
+        keep
     }
 
     /// Refuses a request whose framing is in doubt (counted as a bad request) and closes.

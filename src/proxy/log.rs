@@ -11,6 +11,7 @@ use super::forward::Forwarded;
 use super::request::Outbound;
 use crate::accesslog::Record;
 use crate::config::access_log::TraceParent;
+use crate::http::trace::{Inbound, inbound};
 use crate::route::RouterMode;
 use crate::runtime::clock;
 
@@ -24,6 +25,8 @@ pub(super) struct Trail {
     pub ttft: Option<Duration>,
     /// The status relayed from the worker (once its head went to the client).
     pub status: Option<u16>,
+    /// Bytes written to the client: the worker's response relayed, or Spillway's own
+    /// answer.
     pub bytes_out: u64,
     pub closed: Option<&'static str>,
 }
@@ -119,41 +122,48 @@ impl Conn {
 }
 
 impl Conn {
-    /// W3C trace context: a valid client `traceparent` is passed through (it is forwarded
-    /// like any header) and its trace id kept; without one, a new one is added to the
-    /// upstream head in `out` (unless `traceparent = "pass"`). An invalid one is passed
-    /// through untouched, and the request has no trace id.
-    pub(super) fn trace_context(&mut self, buf: &[u8]) {
-        let value = self.head.headers.find(buf, "traceparent");
-        if let Some(v) = value {
-            self.trace.parse(v);
-            return;
+    /// W3C trace context, decided before the upstream head is written: a valid client
+    /// `traceparent` (exactly one) goes upstream with its `tracestate` as they are and its
+    /// trace id is kept. Otherwise (none, an invalid one, several) the client's
+    /// `traceparent` and `tracestate` fields are put in the head's skip mask, and with
+    /// `traceparent = "create"` the caller adds a new one ([`Conn::add_traceparent`]):
+    /// returns whether to. With `"pass"` the request then has no trace id.
+    pub(super) fn trace_context(&mut self, buf: &[u8]) -> bool {
+        let (found, fields) = inbound(&self.head.headers, buf, &mut self.trace);
+        if found == Inbound::Valid {
+            return false;
         }
-        if self.snap.config.access_log.traceparent != TraceParent::Create {
-            self.trace.clear();
-            return;
-        }
+        self.head.headers.skip |= fields;
+        self.snap.config.access_log.traceparent == TraceParent::Create
+    }
+
+    /// Adds a new `traceparent` to the upstream head in `out`, before its blank line.
+    pub(super) fn add_traceparent(&mut self) {
         let random = {
             let mut rng = self.ctx.rng.borrow_mut();
             [rng.next_u64(), rng.next_u64(), rng.next_u64()]
         };
-        // The head ends with its blank line: the header goes before it.
         let out = &mut self.io.out;
         out.truncate(out.len().saturating_sub(2));
         self.trace.create(random, out);
         out.extend_from_slice(b"\r\n");
     }
 
-    /// The line of a request answered before routing (no model, no worker, no trace).
+    /// The line of a request answered before routing (no model, no worker, no trace),
+    /// once its answer of `bytes_out` bytes is written.
     pub(super) fn log_local(
         &mut self,
         target: &Target,
         status: u16,
         started: Instant,
         bytes_in: u64,
+        bytes_out: u64,
     ) {
         self.trace.clear();
-        let trail = Trail::default();
+        let trail = Trail {
+            bytes_out,
+            ..Trail::default()
+        };
         let end = Ending {
             model: None,
             status,

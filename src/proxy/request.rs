@@ -88,11 +88,14 @@ impl Conn {
 
     /// The upstream request's head, into the reused `out` buffer, with trace context.
     fn upstream_head(&mut self, buf: &[u8], body_len: usize) {
+        let create = self.trace_context(buf);
         let out = &mut self.io.out;
         out.clear();
         let (head, rid) = (&self.head, self.request_id.get());
         upstream_request_head(out, buf, head, body_len, self.peer.get(), rid);
-        self.trace_context(buf);
+        if create {
+            self.add_traceparent();
+        }
     }
 
     /// Returns whether the connection stays open.
@@ -124,8 +127,10 @@ impl Conn {
                 add(&self.ctx.counters().bad_requests, 1);
                 reader.as_mut().consume(body.request_end, INITIAL_READ_BUF);
                 let status = e.status(snap.config.overload_status_code);
-                self.log_local(&target, status, started, body.request_end as u64);
-                return self.answer(e, keep, true).await;
+                let (keep, bytes_out) = self.answer_counted(e, keep, true).await;
+                let bytes_in = body.request_end as u64;
+                self.log_local(&target, status, started, bytes_in, bytes_out);
+                return keep;
             }
         };
         self.class = self.class_of(reader.buf(), &snap, found.model);
@@ -156,16 +161,21 @@ impl Conn {
             trail: &mut trail,
         };
         let forwarded = forward(&self.ctx, &mut client, &req).await;
+        let keep = match forwarded {
+            Forwarded::Done { keep_alive, .. } => keep_alive,
+            Forwarded::Aborted(_) => false,
+            Forwarded::Rejected(e) => {
+                let (keep, written) = self.answer_counted(e, keep, true).await;
+                trail.bytes_out += written;
+                keep
+            }
+        };
         self.log_forwarded(&target, &req, forwarded, &trail);
         if self.io.out.capacity() > RETAINED_BUF_MAX {
             // One large body must not pin its buffer on an idle keep-alive connection.
             self.io.out.clear();
             self.io.out.shrink_to(4096);
         }
-        match forwarded {
-            Forwarded::Done { keep_alive, .. } => keep_alive,
-            Forwarded::Aborted(_) => false,
-            Forwarded::Rejected(e) => self.answer(e, keep, true).await,
-        }
+        keep
     }
 }
