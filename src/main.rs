@@ -79,9 +79,10 @@ fn check_config(file: &Path, overrides: &Overrides) -> anyhow::Result<()> {
 
 /// `spillway mock-engine`: the simulated engine alone, until SIGTERM or SIGINT.
 fn mock_engine(args: &cli::MockArgs) -> anyhow::Result<()> {
+    // Handlers first: a signal sent as soon as the ready line shows must not kill it.
+    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
     let mock = spillway_mock::start(args.config()).context("cannot start the mock engine")?;
     tracing::info!(listen = %mock.addr, "mock engine serving");
-    let mut signals = signal_hook::iterator::Signals::new([SIGTERM, SIGINT])?;
     let _ = signals.forever().next();
     mock.shutdown();
     Ok(())
@@ -89,6 +90,7 @@ fn mock_engine(args: &cli::MockArgs) -> anyhow::Result<()> {
 
 /// `spillway --config FILE`.
 fn serve_file(path: &Path, overrides: Overrides) -> anyhow::Result<()> {
+    let signals = install_signals()?;
     let config = Config::load(path, &overrides)
         .with_context(|| format!("{} is not valid", path.display()))?;
     tracing::info!(config = %path.display(), "configuration loaded");
@@ -99,11 +101,12 @@ fn serve_file(path: &Path, overrides: Overrides) -> anyhow::Result<()> {
     let server = spillway::start(config, source).context("cannot start")?;
     let tls = server.shared.snapshot.load().config.tls.listener.is_some();
     tracing::info!(listen = %server.data_addr, admin = %server.admin_addr, tls, tls_listen = ?server.tls_addr, "spillway is serving");
-    serve_until_stopped(server, None)
+    serve_until_stopped(server, signals, None)
 }
 
 /// `spillway` alone: the demo, with a status line every second.
 fn serve_demo(overrides: Overrides) -> anyhow::Result<()> {
+    let signals = install_signals()?;
     let running = demo::start(demo::LISTEN, demo::ADMIN_LISTEN, overrides)
         .context("cannot start the demo (is port 8000 or 9090 taken? run with --config FILE)")?;
     tracing::info!(
@@ -119,21 +122,27 @@ fn serve_demo(overrides: Overrides) -> anyhow::Result<()> {
     );
     tracing::info!("try: {}", running.curl());
     let demo::Demo { server, engines } = running;
-    let result = serve_until_stopped(server, Some(Duration::from_secs(1)));
+    let result = serve_until_stopped(server, signals, Some(Duration::from_secs(1)));
     drop(engines);
     result
 }
 
+/// The signals `serve_until_stopped` answers, caught from before the server starts: one
+/// sent as soon as "spillway is serving" shows is handled, never the default action
+/// (SIGUSR1's and SIGHUP's would end the process).
+fn install_signals() -> anyhow::Result<signal_hook::iterator::Signals> {
+    signal_hook::iterator::Signals::new([SIGHUP, SIGUSR1, SIGUSR2, SIGTERM, SIGINT])
+        .context("cannot install signal handlers")
+}
+
 /// Runs until drained: SIGHUP reloads, SIGUSR1 dumps state, SIGUSR2 reopens the access
-/// log, SIGTERM/SIGINT drain (a
-/// second one exits at once). With `status`, logs a one-line status that often.
+/// log, SIGTERM/SIGINT drain (a second one exits at once). With `status`, logs a one-line
+/// status that often.
 fn serve_until_stopped(
     server: spillway::ServerHandle,
+    mut signals: signal_hook::iterator::Signals,
     status: Option<Duration>,
 ) -> anyhow::Result<()> {
-    let mut signals =
-        signal_hook::iterator::Signals::new([SIGHUP, SIGUSR1, SIGUSR2, SIGTERM, SIGINT])
-            .context("cannot install signal handlers")?;
     let mut draining = false;
     let mut last_status = clock::now();
     loop {
