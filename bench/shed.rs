@@ -63,8 +63,9 @@ fn busy_rule(c: &mut Criterion) {
 
 struct Fleet {
     snap: Snapshot,
-    json: String,
-    events: Vec<LoadEvent>,
+    json: &'static str,
+    /// Borrow their worker names from `json` (leaked: it lives as long as the bench).
+    events: Vec<LoadEvent<'static>>,
     thresholds: HashMap<String, Thresholds>,
 }
 
@@ -72,7 +73,7 @@ fn fleet() -> Fleet {
     let text = fleet::model_toml(WORKERS, DP, "round-robin", 40_000);
     let cfg = Config::parse(&text, &Overrides::default()).unwrap();
     let snap = Snapshot::standalone(cfg, 1).unwrap();
-    let json = fleet::load_batches(0, WORKERS, DP, 1).remove(0);
+    let json: &'static str = fleet::load_batches(0, WORKERS, DP, 1).remove(0).leak();
     let events = parse_events(json.as_bytes()).unwrap();
     assert_eq!(events.len() as u64, RANKS);
     let thresholds = snap

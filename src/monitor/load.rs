@@ -1,6 +1,7 @@
 //! Load state per worker and rank, from every source (semantics §2), and the evaluation
 //! of the busy set. Pure: no I/O, `now` is an argument; the monitor thread drives it.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 
 use serde::Deserialize;
@@ -173,30 +174,37 @@ impl WorkerLoad {
     }
 }
 
-/// A worker id in a load event: the configured name, or a number matched against names.
+/// A worker id in a load event: the configured name (borrowed from the message unless it
+/// had escapes), or a number matched against names.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum WorkerRef {
-    Name(String),
+pub enum WorkerRef<'a> {
+    Name(Cow<'a, str>),
     Number(u64),
 }
 
-impl<'de> Deserialize<'de> for WorkerRef {
+impl<'de: 'a, 'a> Deserialize<'de> for WorkerRef<'a> {
     /// A string or a non-negative integer, read directly (an untagged enum would buffer
     /// each value first: this runs for every event of every load message).
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<WorkerRef, D::Error> {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<WorkerRef<'a>, D::Error> {
         struct Id;
-        impl serde::de::Visitor<'_> for Id {
-            type Value = WorkerRef;
+        impl<'de> serde::de::Visitor<'de> for Id {
+            type Value = WorkerRef<'de>;
             fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
                 f.write_str("a worker name or a non-negative integer")
             }
-            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<WorkerRef, E> {
-                Ok(WorkerRef::Name(v.to_owned()))
+            fn visit_borrowed_str<E: serde::de::Error>(
+                self,
+                v: &'de str,
+            ) -> Result<Self::Value, E> {
+                Ok(WorkerRef::Name(Cow::Borrowed(v)))
             }
-            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<WorkerRef, E> {
-                Ok(WorkerRef::Name(v))
+            fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<Self::Value, E> {
+                Ok(WorkerRef::Name(Cow::Owned(v.to_owned())))
             }
-            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<WorkerRef, E> {
+            fn visit_string<E: serde::de::Error>(self, v: String) -> Result<Self::Value, E> {
+                Ok(WorkerRef::Name(Cow::Owned(v)))
+            }
+            fn visit_u64<E: serde::de::Error>(self, v: u64) -> Result<Self::Value, E> {
                 Ok(WorkerRef::Number(v))
             }
         }
@@ -204,20 +212,22 @@ impl<'de> Deserialize<'de> for WorkerRef {
     }
 }
 
-impl WorkerRef {
+impl WorkerRef<'_> {
     pub fn name(&self) -> String {
         match self {
-            WorkerRef::Name(s) => s.clone(),
+            WorkerRef::Name(s) => s.to_string(),
             WorkerRef::Number(n) => n.to_string(),
         }
     }
 }
 
-/// Dynamo's `ActiveLoad` event, plus optional capacity fields.
+/// Dynamo's `ActiveLoad` event, plus optional capacity fields. Borrows its worker name
+/// from the message it was read from.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct LoadEvent {
-    pub worker_id: WorkerRef,
+pub struct LoadEvent<'a> {
+    #[serde(borrow)]
+    pub worker_id: WorkerRef<'a>,
     #[serde(default)]
     pub dp_rank: u32,
     pub active_decode_blocks: Option<u64>,
@@ -230,7 +240,7 @@ pub struct LoadEvent {
 
 /// Parses a `POST /load` body: one event, or an array of them. The first byte decides,
 /// so an array is read straight into a `Vec` (an untagged enum would buffer it first).
-pub fn parse_events(body: &[u8]) -> serde_json::Result<Vec<LoadEvent>> {
+pub fn parse_events(body: &[u8]) -> serde_json::Result<Vec<LoadEvent<'_>>> {
     if body.trim_ascii_start().first() == Some(&b'[') {
         serde_json::from_slice(body)
     } else {
@@ -238,7 +248,7 @@ pub fn parse_events(body: &[u8]) -> serde_json::Result<Vec<LoadEvent>> {
     }
 }
 
-impl WorkerRef {
+impl WorkerRef<'_> {
     /// Runs `f` with the id as text, without allocating for numeric ids.
     fn with_name<R>(&self, f: impl FnOnce(&str) -> R) -> R {
         match self {
@@ -269,6 +279,8 @@ impl PushError {
 #[derive(Debug, Default)]
 pub struct LoadTable {
     pub workers: HashMap<u32, WorkerLoad>,
+    /// `push_where`'s per-event slots, kept for their storage.
+    slots: Vec<Option<u32>>,
 }
 
 impl LoadTable {
@@ -301,10 +313,10 @@ impl LoadTable {
         self.push_where(snap, events, now, Some(touched))
     }
 
-    /// Checks every event, then applies them. A worker is looked up once per run of
-    /// its events (a message usually carries all of one worker's ranks), and each run is
-    /// applied to its worker's entry in one go. Without `touched`, an unknown worker
-    /// refuses the batch; with it, its events are skipped.
+    /// Checks every event, then applies them. A worker (and its load entry) is looked
+    /// up once per run of its events (a message usually carries all of one worker's
+    /// ranks), and each run is applied to its worker's entry in one go. Without
+    /// `touched`, an unknown worker refuses the batch; with it, its events are skipped.
     fn push_where(
         &mut self,
         snap: &Snapshot,
@@ -312,64 +324,70 @@ impl LoadTable {
         now: u64,
         mut touched: Option<&mut HashSet<u32>>,
     ) -> Result<(usize, usize), PushError> {
-        let mut targets: Vec<(&LoadEvent, Option<u32>)> = Vec::with_capacity(events.len());
+        // Each event's slot (None: unknown worker), in storage kept between batches.
+        let mut slots = std::mem::take(&mut self.slots);
+        slots.clear();
+        let checked = self.check_all(snap, events, touched.is_none(), &mut slots);
+        let result = checked.map(|skipped| {
+            let mut at = 0;
+            for run in slots.chunk_by(|a, b| a == b) {
+                let (first, n) = (at, run.len());
+                at += n;
+                let Some(slot) = run[0] else { continue };
+                if let Some(t) = touched.as_deref_mut() {
+                    t.insert(slot);
+                }
+                let w = self.worker(slot);
+                for e in &events[first..first + n] {
+                    apply(w, e, now);
+                }
+            }
+            (events.len() - skipped, skipped)
+        });
+        self.slots = slots;
+        result
+    }
+
+    /// Resolves and checks every event, pushing each one's slot (None: not a worker of
+    /// `snap`) to `slots`; returns how many were skipped. With `strict`, unknown workers
+    /// are an error naming them all.
+    fn check_all(
+        &self,
+        snap: &Snapshot,
+        events: &[LoadEvent],
+        strict: bool,
+        slots: &mut Vec<Option<u32>>,
+    ) -> Result<usize, PushError> {
         let (mut unknown, mut skipped) = (Vec::new(), 0);
-        let mut prev: Option<(&WorkerRef, Option<&crate::state::Worker>)> = None;
+        // The current run's worker id, the worker, and its current dp_size.
+        let mut run: Option<(&WorkerRef, Option<(&crate::state::Worker, u32)>)> = None;
         for e in events {
-            let found = match prev {
-                Some((id, w)) if *id == e.worker_id => w,
-                _ => e.worker_id.with_name(|name| snap.worker_named(name)),
+            let found = match run {
+                Some((id, found)) if *id == e.worker_id => found,
+                _ => e
+                    .worker_id
+                    .with_name(|name| snap.worker_named(name))
+                    .map(|w| {
+                        let load = self.workers.get(&w.state.slot);
+                        (w, load.map_or(w.cfg.dp_size, |l| l.dp_size(&w.cfg) as u32))
+                    }),
             };
-            prev = Some((&e.worker_id, found));
-            let Some(w) = found else {
-                if touched.is_none() {
+            run = Some((&e.worker_id, found));
+            let Some((w, dp)) = found else {
+                if strict {
                     unknown.push(e.worker_id.name());
                 }
                 skipped += 1;
-                targets.push((e, None));
+                slots.push(None);
                 continue;
             };
-            self.check(e, w)?;
-            targets.push((e, Some(w.state.slot)));
+            check(e, w, dp)?;
+            slots.push(Some(w.state.slot));
         }
-        if !unknown.is_empty() && touched.is_none() {
+        if !unknown.is_empty() {
             return Err(PushError::UnknownWorker(unknown.join(", ")));
         }
-        for run in targets.chunk_by(|a, b| a.1 == b.1) {
-            let Some(slot) = run[0].1 else { continue };
-            if let Some(t) = touched.as_deref_mut() {
-                t.insert(slot);
-            }
-            let w = self.worker(slot);
-            for (e, _) in run {
-                apply(w, e, now);
-            }
-        }
-        Ok((events.len() - skipped, skipped))
-    }
-
-    /// An event's dp_size and dp_rank against the worker's.
-    fn check(&self, e: &LoadEvent, w: &crate::state::Worker) -> Result<(), PushError> {
-        let dp = e.dp_size.unwrap_or_else(|| {
-            self.workers
-                .get(&w.state.slot)
-                .map_or(w.cfg.dp_size, |l| l.dp_size(&w.cfg) as u32)
-        });
-        // The file's bound: a larger size would size the rank tables (and every
-        // evaluation's loop) by a number from the wire.
-        if e.dp_size.is_some_and(|d| d == 0 || d > MAX_DP_SIZE) {
-            return Err(PushError::Invalid(format!(
-                "dp_size must be between 1 and {MAX_DP_SIZE} (worker {})",
-                w.cfg.name
-            )));
-        }
-        if e.dp_rank >= dp {
-            return Err(PushError::Invalid(format!(
-                "dp_rank {} is out of range for worker {} (dp_size {dp})",
-                e.dp_rank, w.cfg.name
-            )));
-        }
-        Ok(())
+        Ok(skipped)
     }
 
     /// Drops state of workers no longer configured.
@@ -377,6 +395,27 @@ impl LoadTable {
         let live: HashSet<u32> = snap.workers.iter().map(|w| w.state.slot).collect();
         self.workers.retain(|slot, _| live.contains(slot));
     }
+}
+
+/// An event's dp_size and dp_rank against the worker's (`dp`: its dp_size before this
+/// batch).
+fn check(e: &LoadEvent, w: &crate::state::Worker, dp: u32) -> Result<(), PushError> {
+    let dp = e.dp_size.unwrap_or(dp);
+    // The file's bound: a larger size would size the rank tables (and every
+    // evaluation's loop) by a number from the wire.
+    if e.dp_size.is_some_and(|d| d == 0 || d > MAX_DP_SIZE) {
+        return Err(PushError::Invalid(format!(
+            "dp_size must be between 1 and {MAX_DP_SIZE} (worker {})",
+            w.cfg.name
+        )));
+    }
+    if e.dp_rank >= dp {
+        return Err(PushError::Invalid(format!(
+            "dp_rank {} is out of range for worker {} (dp_size {dp})",
+            e.dp_rank, w.cfg.name
+        )));
+    }
+    Ok(())
 }
 
 /// Applies one checked event to its worker's load.

@@ -3,6 +3,7 @@
 //! least-loaded). Immutable once published; each core reads its replica with one atomic
 //! load.
 
+use super::chunked::Chunked;
 use crate::shed::{Class, Why};
 
 /// The busy set as published: immutable, one per publish, read lock-free by the cores.
@@ -16,8 +17,8 @@ pub struct BusySet {
     /// Per member id: load in permille of the fullest known signal (least-loaded ties).
     load: Vec<u16>,
     /// Per class and member id, for busy members: which threshold made it busy, and by
-    /// how much.
-    why: [Vec<Option<Why>>; 3],
+    /// how much. In shared chunks: a publication copies only the chunks it changed.
+    why: [Chunked<Option<Why>>; 3],
 }
 
 impl PartialEq for BusySet {
@@ -28,11 +29,9 @@ impl PartialEq for BusySet {
             &v[..n]
         }
         let loads = |v: &[u16]| v.iter().rposition(|l| *l != 0).map_or(0, |i| i + 1);
-        let whys = |v: &[Option<Why>]| v.iter().rposition(Option::is_some).map_or(0, |i| i + 1);
         trimmed(&self.enabled) == trimmed(&other.enabled)
             && (0..3).all(|c| {
-                let (a, b) = (&self.why[c], &other.why[c]);
-                trimmed(&self.busy[c]) == trimmed(&other.busy[c]) && a[..whys(a)] == b[..whys(b)]
+                trimmed(&self.busy[c]) == trimmed(&other.busy[c]) && self.why[c] == other.why[c]
             })
             && self.load[..loads(&self.load)] == other.load[..loads(&other.load)]
     }
@@ -76,19 +75,12 @@ impl BusySet {
     /// Why a busy member is busy for `class` (`None` for members that are not).
     #[inline]
     pub fn why(&self, class: Class, member_id: u32) -> Option<Why> {
-        self.why[class.index()]
-            .get(member_id as usize)
-            .copied()
-            .flatten()
+        self.why[class.index()].get(member_id as usize)
     }
 
     pub fn set_busy(&mut self, class: Class, member_id: u32, why: Option<Why>) {
         set_bit(&mut self.busy[class.index()], member_id);
-        let (i, whys) = (member_id as usize, &mut self.why[class.index()]);
-        if whys.len() <= i {
-            whys.resize(i + 1, None);
-        }
-        whys[i] = why;
+        self.why[class.index()].set(member_id as usize, why);
     }
 
     pub fn set_load(&mut self, member_id: u32, permille: u16) {
@@ -112,9 +104,7 @@ impl BusySet {
             if let Some(word) = self.busy[c].get_mut(w) {
                 *word &= mask;
             }
-            if let Some(why) = self.why[c].get_mut(member_id as usize) {
-                *why = None;
-            }
+            self.why[c].set(member_id as usize, None);
         }
         if let Some(l) = self.load.get_mut(member_id as usize) {
             *l = 0;
@@ -126,6 +116,6 @@ impl BusySet {
         self.enabled.iter_mut().for_each(|w| *w = 0);
         self.busy.iter_mut().flatten().for_each(|w| *w = 0);
         self.load.iter_mut().for_each(|l| *l = 0);
-        self.why.iter_mut().flatten().for_each(|w| *w = None);
+        self.why.iter_mut().for_each(Chunked::clear);
     }
 }

@@ -4,6 +4,7 @@
 //! snapshot; cores read them; neither ever waits for the other.
 
 pub mod busy;
+mod chunked;
 pub mod counters;
 mod registry;
 pub mod snapshot;
