@@ -119,7 +119,7 @@ fn monitor(c: &mut Criterion) {
     // Baseline: the same array parsed straight into `Vec<LoadEvent>`.
     g.bench_function("parse_load_json/Vec<LoadEvent>", |b| {
         b.iter(|| {
-            black_box(serde_json::from_str::<Vec<LoadEvent>>(black_box(&f.json)).map(|v| v.len()))
+            black_box(serde_json::from_str::<Vec<LoadEvent>>(black_box(f.json)).map(|v| v.len()))
         })
     });
 
@@ -262,7 +262,7 @@ fn report_allocations() {
         (
             "parse_load_json as Vec<LoadEvent> (8,000 events)",
             allocations_per_call(|| {
-                black_box(serde_json::from_str::<Vec<LoadEvent>>(&f.json).unwrap());
+                black_box(serde_json::from_str::<Vec<LoadEvent>>(f.json).unwrap());
             }),
         ),
         (
