@@ -457,7 +457,7 @@ mod tests {
         Snapshot::standalone(Config::parse(&text, &Overrides::default()).unwrap(), 1).unwrap()
     }
 
-    fn ev(json: &str) -> Vec<LoadEvent> {
+    fn ev(json: &str) -> Vec<LoadEvent<'_>> {
         parse_events(json.as_bytes()).unwrap()
     }
 
