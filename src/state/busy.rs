@@ -3,7 +3,7 @@
 //! least-loaded). Immutable once published; each core reads its replica with one atomic
 //! load.
 
-use super::chunked::Chunked;
+use super::cow_chunks::CowChunks;
 use crate::shed::{Class, Why};
 
 /// The busy set as published: immutable, one per publish, read lock-free by the cores.
@@ -18,7 +18,7 @@ pub struct BusySet {
     load: Vec<u16>,
     /// Per class and member id, for busy members: which threshold made it busy, and by
     /// how much. In shared chunks: a publication copies only the chunks it changed.
-    why: [Chunked<Option<Why>>; 3],
+    why: [CowChunks<Option<Why>>; 3],
 }
 
 impl PartialEq for BusySet {
@@ -116,6 +116,6 @@ impl BusySet {
         self.enabled.iter_mut().for_each(|w| *w = 0);
         self.busy.iter_mut().flatten().for_each(|w| *w = 0);
         self.load.iter_mut().for_each(|l| *l = 0);
-        self.why.iter_mut().for_each(Chunked::clear);
+        self.why.iter_mut().for_each(CowChunks::clear);
     }
 }

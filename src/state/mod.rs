@@ -4,8 +4,8 @@
 //! snapshot; cores read them; neither ever waits for the other.
 
 pub mod busy;
-mod chunked;
 pub mod counters;
+mod cow_chunks;
 mod registry;
 pub mod snapshot;
 mod stats;

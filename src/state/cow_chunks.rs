@@ -10,11 +10,11 @@ const CHUNK: usize = 64;
 
 /// Entries of `T`, `T::default()` where never set.
 #[derive(Debug, Clone, Default)]
-pub struct Chunked<T> {
+pub struct CowChunks<T> {
     chunks: Vec<Arc<[T; CHUNK]>>,
 }
 
-impl<T: Copy + Default + PartialEq> Chunked<T> {
+impl<T: Copy + Default + PartialEq> CowChunks<T> {
     /// The entry at `i` (the default past the end).
     #[inline]
     pub fn get(&self, i: usize) -> T {
@@ -54,7 +54,7 @@ impl<T: Copy + Default + PartialEq> Chunked<T> {
     }
 }
 
-impl<T: Copy + Default + PartialEq> PartialEq for Chunked<T> {
+impl<T: Copy + Default + PartialEq> PartialEq for CowChunks<T> {
     /// Same entries (missing chunks read as defaults); shared chunks are not compared.
     fn eq(&self, other: &Self) -> bool {
         let n = self.chunks.len().max(other.chunks.len());
@@ -72,7 +72,7 @@ mod tests {
 
     #[test]
     fn reads_what_was_written_and_defaults_elsewhere() {
-        let mut v = Chunked::<u32>::default();
+        let mut v = CowChunks::<u32>::default();
         assert_eq!(v.get(1000), 0);
         v.set(3, 7);
         v.set(130, 9);
@@ -90,7 +90,7 @@ mod tests {
 
     #[test]
     fn a_clone_shares_chunks_until_one_is_written() {
-        let mut a = Chunked::<u32>::default();
+        let mut a = CowChunks::<u32>::default();
         for i in 0..256 {
             a.set(i, i as u32 + 1);
         }
@@ -112,13 +112,13 @@ mod tests {
 
     #[test]
     fn clear_leaves_clones_alone_and_compares_equal_to_empty() {
-        let mut a = Chunked::<u32>::default();
+        let mut a = CowChunks::<u32>::default();
         a.set(1, 1);
         a.set(100, 2);
         let b = a.clone();
         a.clear();
         assert_eq!((b.get(1), b.get(100)), (1, 2));
-        assert_eq!(a, Chunked::default());
-        assert_ne!(b, Chunked::default());
+        assert_eq!(a, CowChunks::default());
+        assert_ne!(b, CowChunks::default());
     }
 }
