@@ -258,6 +258,39 @@ fn the_refusal_hold_ends_and_the_worker_is_tried_again() {
     }
 }
 
+/// The hold lasts "for a defined time or until its next load report": a report for the
+/// refusing worker ends it at once, and the worker meets the gate again.
+#[test]
+fn a_load_report_ends_the_refusal_hold() {
+    let (a, _b, p, pending) = fill_a_then_refuse(60_000);
+    assert_eq!(gauge(&p, MOVED_AT_CAPACITY), 1.0);
+    // Held: a is skipped, no new refusal.
+    for i in 0..2 {
+        let r = once(p.data_addr, &body(&format!("held{i}")));
+        assert_eq!(r.text(), r#"{"worker":"b"}"#);
+    }
+    assert_eq!(gauge(&p, MOVED_AT_CAPACITY), 1.0);
+    // The monitor's clock is in ms: a report in the refusal's own ms does not end it.
+    std::thread::sleep(Duration::from_millis(5));
+    let r = admin_post(
+        p.admin_addr,
+        "/load",
+        r#"{"worker_id":"a","active_decode_blocks":0}"#,
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    // a is tried again (round-robin reaches it within two requests), still full: the gate
+    // refuses it and the request moves to b.
+    for i in 0..2 {
+        let r = once(p.data_addr, &body(&format!("reported{i}")));
+        assert_eq!(r.text(), r#"{"worker":"b"}"#);
+    }
+    assert_eq!(gauge(&p, MOVED_AT_CAPACITY), 2.0);
+    a.release(3);
+    for h in pending {
+        assert_eq!(h.join().unwrap().status, 200);
+    }
+}
+
 #[test]
 fn every_worker_at_capacity_is_overloaded() {
     let (a, b) = (Held::new("a"), Held::new("b"));

@@ -279,8 +279,8 @@ impl PushError {
 #[derive(Debug, Default)]
 pub struct LoadTable {
     pub workers: HashMap<u32, WorkerLoad>,
-    /// `push_where`'s per-event slots, kept for their storage.
-    slots: Vec<Option<u32>>,
+    /// `push_where`'s per-event workers, kept for their storage.
+    found: Vec<Option<usize>>,
 }
 
 impl LoadTable {
@@ -315,7 +315,8 @@ impl LoadTable {
 
     /// Checks every event, then applies them. A worker (and its load entry) is looked
     /// up once per run of its events (a message usually carries all of one worker's
-    /// ranks), and each run is applied to its worker's entry in one go. Without
+    /// ranks), and each run is applied to its worker's entry in one go; the report ends
+    /// the worker's refusal hold ([`crate::state::WorkerState::load_reported`]). Without
     /// `touched`, an unknown worker refuses the batch; with it, its events are skipped.
     fn push_where(
         &mut self,
@@ -324,16 +325,20 @@ impl LoadTable {
         now: u64,
         mut touched: Option<&mut HashSet<u32>>,
     ) -> Result<(usize, usize), PushError> {
-        // Each event's slot (None: unknown worker), in storage kept between batches.
-        let mut slots = std::mem::take(&mut self.slots);
-        slots.clear();
-        let checked = self.check_all(snap, events, touched.is_none(), &mut slots);
+        // Each event's worker, by position in `snap.workers` (None: unknown), in storage
+        // kept between batches.
+        let mut found = std::mem::take(&mut self.found);
+        found.clear();
+        let checked = self.check_all(snap, events, touched.is_none(), &mut found);
         let result = checked.map(|skipped| {
             let mut at = 0;
-            for run in slots.chunk_by(|a, b| a == b) {
+            for run in found.chunk_by(|a, b| a == b) {
                 let (first, n) = (at, run.len());
                 at += n;
-                let Some(slot) = run[0] else { continue };
+                let Some(worker) = run[0].and_then(|i| snap.workers.get(i)) else {
+                    continue;
+                };
+                let slot = worker.state.slot;
                 if let Some(t) = touched.as_deref_mut() {
                     t.insert(slot);
                 }
@@ -341,48 +346,55 @@ impl LoadTable {
                 for e in &events[first..first + n] {
                     apply(w, e, now);
                 }
+                worker.state.load_reported(now);
             }
             (events.len() - skipped, skipped)
         });
-        self.slots = slots;
+        self.found = found;
         result
     }
 
-    /// Resolves and checks every event, pushing each one's slot (None: not a worker of
-    /// `snap`) to `slots`; returns how many were skipped. With `strict`, unknown workers
-    /// are an error naming them all.
+    /// Resolves and checks every event, pushing each one's worker (its position in
+    /// `snap.workers`; None: not a worker of `snap`) to `found`; returns how many were
+    /// skipped. With `strict`, unknown workers are an error naming them all.
     fn check_all(
         &self,
         snap: &Snapshot,
         events: &[LoadEvent],
         strict: bool,
-        slots: &mut Vec<Option<u32>>,
+        found: &mut Vec<Option<usize>>,
     ) -> Result<usize, PushError> {
         let (mut unknown, mut skipped) = (Vec::new(), 0);
-        // The current run's worker id, the worker, and its current dp_size.
-        let mut run: Option<(&WorkerRef, Option<(&crate::state::Worker, u32)>)> = None;
+        // The current run's worker id, the worker's position, and its current dp_size.
+        type Target<'s> = Option<(usize, &'s crate::state::Worker, u32)>;
+        let mut run: Option<(&WorkerRef, Target<'_>)> = None;
         for e in events {
-            let found = match run {
-                Some((id, found)) if *id == e.worker_id => found,
-                _ => e
-                    .worker_id
-                    .with_name(|name| snap.worker_named(name))
-                    .map(|w| {
-                        let load = self.workers.get(&w.state.slot);
-                        (w, load.map_or(w.cfg.dp_size, |l| l.dp_size(&w.cfg) as u32))
-                    }),
+            let target = match run {
+                Some((id, target)) if *id == e.worker_id => target,
+                _ => {
+                    let at = e.worker_id.with_name(|name| snap.worker_position(name));
+                    at.and_then(|i| Some((i, snap.workers.get(i)?)))
+                        .map(|(i, w)| {
+                            let load = self.workers.get(&w.state.slot);
+                            (
+                                i,
+                                w,
+                                load.map_or(w.cfg.dp_size, |l| l.dp_size(&w.cfg) as u32),
+                            )
+                        })
+                }
             };
-            run = Some((&e.worker_id, found));
-            let Some((w, dp)) = found else {
+            run = Some((&e.worker_id, target));
+            let Some((i, w, dp)) = target else {
                 if strict {
                     unknown.push(e.worker_id.name());
                 }
                 skipped += 1;
-                slots.push(None);
+                found.push(None);
                 continue;
             };
             check(e, w, dp)?;
-            slots.push(Some(w.state.slot));
+            found.push(Some(i));
         }
         if !unknown.is_empty() {
             return Err(PushError::UnknownWorker(unknown.join(", ")));

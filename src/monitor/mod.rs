@@ -321,6 +321,7 @@ impl Monitor {
             }
         };
         let ranks = scrape::parse(w.cfg.metrics_format, &text, &w.cfg);
+        w.state.load_reported(now);
         load.last_scrape = Some(now);
         load.scrape_error = None;
         for (i, r) in ranks.iter().enumerate() {

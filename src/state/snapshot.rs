@@ -31,7 +31,12 @@ pub struct Snapshot {
 impl Snapshot {
     /// Looks a worker up by its configured name (load events, direct routing).
     pub fn worker_named(&self, name: &str) -> Option<&Worker> {
-        self.worker_index.get(name).map(|&i| &self.workers[i])
+        self.worker_position(name).map(|i| &self.workers[i])
+    }
+
+    /// The position in `workers` of the worker with this configured name.
+    pub fn worker_position(&self, name: &str) -> Option<usize> {
+        self.worker_index.get(name).copied()
     }
 
     /// Looks a model up by its decoded name.

@@ -16,8 +16,11 @@ pub struct WorkerState {
     down_until_ms: AtomicU64,
     failures: AtomicU32,
     /// Monotonic ms until which the worker is skipped after refusing a request (at
-    /// capacity, queue timeout, upstream overload), whatever the monitor publishes.
+    /// capacity, queue timeout, upstream overload), whatever the monitor publishes, unless
+    /// a load report arrives first.
     overloaded_until_ms: AtomicU64,
+    /// When the latest refusal hold began (monotonic ms).
+    overloaded_since_ms: AtomicU64,
     /// One entry per core, written only by that core: what it routed and has not finished.
     pub tracked: Box<[CachePadded<TrackedLoad>]>,
     /// `kv` routing's cost inputs, as the monitor last published them: the load the engine
@@ -63,6 +66,7 @@ impl WorkerState {
             down_until_ms: AtomicU64::new(0),
             failures: AtomicU32::new(0),
             overloaded_until_ms: AtomicU64::new(0),
+            overloaded_since_ms: AtomicU64::new(0),
             tracked: (0..cores)
                 .map(|_| CachePadded::new(TrackedLoad::default()))
                 .collect(),
@@ -92,10 +96,31 @@ impl WorkerState {
         backoff
     }
 
-    /// Keeps a worker that refused a request out of rotation for `hold_ms`.
+    /// Keeps a worker that refused a request out of rotation for `hold_ms`, or until its
+    /// next load report ([`WorkerState::load_reported`]).
     pub fn mark_overloaded(&self, now_ms: u64, hold_ms: u64) {
+        self.overloaded_since_ms
+            .fetch_max(now_ms, Ordering::Relaxed);
         self.overloaded_until_ms
             .fetch_max(now_ms.saturating_add(hold_ms), Ordering::Relaxed);
+    }
+
+    /// A load report for the worker was applied at `now_ms` (by the monitor): it ends a
+    /// refusal hold that began before it, since the busy rule now judges the worker on
+    /// fresh load (semantics §6: "for a defined time or until its next load report").
+    /// A hold renewed meanwhile by a core stays.
+    pub fn load_reported(&self, now_ms: u64) {
+        let until = self.overloaded_until_ms.load(Ordering::Relaxed);
+        if until <= now_ms || self.overloaded_since_ms.load(Ordering::Relaxed) >= now_ms {
+            return;
+        }
+        // Fails, keeping the hold, if a core extended it since the load above.
+        let _ = self.overloaded_until_ms.compare_exchange(
+            until,
+            0,
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+        );
     }
 
     #[inline]
@@ -241,6 +266,24 @@ mod tests {
         assert!(w.is_overloaded(1099) && !w.is_overloaded(1100));
         w.mark_overloaded(200, 10);
         assert!(w.is_overloaded(1099));
+    }
+
+    #[test]
+    fn a_load_report_after_a_refusal_ends_its_hold_and_an_earlier_one_does_not() {
+        let w = WorkerState::new(0, "w", 1);
+        w.mark_overloaded(100, 1000);
+        w.load_reported(100);
+        assert!(
+            w.is_overloaded(500),
+            "a report of the refusal's own ms is not after it"
+        );
+        w.load_reported(101);
+        assert!(!w.is_overloaded(101));
+        w.mark_overloaded(200, 1000);
+        w.load_reported(1300);
+        assert!(!w.is_overloaded(1300), "nothing to end past the hold");
+        w.mark_overloaded(1400, 1000);
+        assert!(w.is_overloaded(1500), "a new refusal holds again");
     }
 
     #[test]
