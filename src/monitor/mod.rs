@@ -7,6 +7,7 @@ mod adaptive;
 mod control;
 mod discover;
 mod evaluate;
+mod event;
 mod fanout;
 mod fleet;
 mod generation;
