@@ -168,7 +168,7 @@ impl Config {
     /// This configuration with each model's found workers (with their resolved
     /// addresses) after its listed ones; also the reasons any was left out (a name
     /// already used by a different worker).
-    pub fn with_found<L: AsRef<[(Found, SocketAddr)]>>(
+    pub fn with_found<L: AsRef<[M]>, M: std::borrow::Borrow<(Found, SocketAddr)>>(
         &self,
         addrs: &Addrs,
         found: &BTreeMap<String, L>,
@@ -186,7 +186,7 @@ impl Config {
             let (Some(d), Some(list)) = (&m.discovery, found.get(&m.name)) else {
                 continue;
             };
-            for (f, addr) in list.as_ref() {
+            for (f, addr) in list.as_ref().iter().map(M::borrow) {
                 let w = d.template.discovered(f);
                 match by_name.get(&w.name) {
                     Some(&i) if config.workers[i] == w => {

@@ -7,9 +7,11 @@ use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use super::Control;
+use super::generation::FoundMember;
 use crate::config::{DiscoverySource, Found, HostPort};
 use crate::fleet::{dns, etcd};
 use crate::runtime::clock;
@@ -29,7 +31,7 @@ const REPORT_INTERVAL_MS: u64 = 50;
 const STALE_CHECK: Duration = Duration::from_millis(500);
 
 type Shared = Rc<RefCell<Control>>;
-type Members = Vec<(Found, SocketAddr)>;
+type Members = Vec<FoundMember>;
 
 /// Starts the tasks of sources (and of NATS) that have none, and folds found workers in;
 /// runs for the life of the control thread.
@@ -116,7 +118,7 @@ async fn dns_members(
                 .map_err(|e| e.to_string())?;
             Ok(addrs
                 .into_iter()
-                .map(|a| (Found::at(endpoint(a)), a))
+                .map(|a| Arc::new((Found::at(endpoint(a)), a)))
                 .collect())
         }
         None => {
@@ -128,7 +130,7 @@ async fn dns_members(
                 .map(|t| {
                     let mut f = Found::at(endpoint(t.addr));
                     f.name = format!("{}:{}", t.host, t.addr.port());
-                    (f, t.addr)
+                    Arc::new((f, t.addr))
                 })
                 .collect())
         }
@@ -192,7 +194,7 @@ async fn etcd_session(
     let (revision, kvs) = etcd::range_prefix(addr, &host, prefix, ETCD_TIMEOUT)
         .await
         .map_err(|e| e.to_string())?;
-    let mut members: BTreeMap<String, (Found, SocketAddr)> = BTreeMap::new();
+    let mut members: BTreeMap<String, FoundMember> = BTreeMap::new();
     for kv in kvs {
         put(&mut members, prefix, &kv).await;
     }
@@ -243,7 +245,7 @@ async fn etcd_session(
 
 /// A key's value as a member; a value that cannot be read is logged and leaves the key
 /// out (its worker gets no requests until the value is fixed).
-async fn put(members: &mut BTreeMap<String, (Found, SocketAddr)>, prefix: &str, kv: &etcd::Kv) {
+async fn put(members: &mut BTreeMap<String, FoundMember>, prefix: &str, kv: &etcd::Kv) {
     let found = match Found::from_etcd(&kv.key, prefix, &kv.value) {
         Ok(f) => f,
         Err(e) => {
@@ -256,7 +258,7 @@ async fn put(members: &mut BTreeMap<String, (Found, SocketAddr)>, prefix: &str, 
         .map_err(|e| e.to_string())
     {
         Ok(addr) => {
-            members.insert(kv.key.clone(), (found, addr));
+            members.insert(kv.key.clone(), Arc::new((found, addr)));
         }
         Err(e) => {
             members.remove(&kv.key);

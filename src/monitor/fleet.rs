@@ -6,13 +6,12 @@
 
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashSet};
-use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::Arc;
 
 use super::Control;
-use super::generation::{Built, FoundMap, Job};
-use crate::config::{Addrs, Config, DiscoverySource, Found, NatsConfig};
+use super::generation::{Built, FoundMap, FoundMember, Job};
+use crate::config::{Addrs, Config, DiscoverySource, NatsConfig};
 use crate::runtime::clock;
 use crate::state::Snapshot;
 
@@ -125,7 +124,7 @@ impl Fleet {
         &mut self,
         model: &str,
         epoch: u64,
-        result: Result<Vec<(Found, SocketAddr)>, String>,
+        result: Result<Vec<FoundMember>, String>,
     ) -> bool {
         let Some(s) = self.sources.get_mut(model).filter(|s| s.epoch == epoch) else {
             return false;
@@ -261,7 +260,7 @@ fn retire(snap: Arc<Snapshot>) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::{HostPort, Overrides};
+    use crate::config::{Found, HostPort, Overrides};
 
     fn config(prefix: &str) -> Config {
         let text = format!(
@@ -270,11 +269,11 @@ mod tests {
         Config::parse(&text, &Overrides::default()).unwrap()
     }
 
-    fn found(name: &str) -> (Found, SocketAddr) {
+    fn found(name: &str) -> FoundMember {
         let hp = HostPort::parse("127.0.0.1:7").unwrap();
         let mut f = Found::at(hp);
         f.name = name.into();
-        (f, "127.0.0.1:7".parse().unwrap())
+        Arc::new((f, "127.0.0.1:7".parse().unwrap()))
     }
 
     #[test]

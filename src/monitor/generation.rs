@@ -14,7 +14,11 @@ use crate::config::{Addrs, Config, Found, WorkerConfig};
 use crate::state::{Registry, Snapshot};
 
 /// What the sources found, per model; shared with the build without copying it.
-pub type FoundMap = BTreeMap<String, Arc<[(Found, SocketAddr)]>>;
+/// A worker a source found, with its resolved address: shared between the source's own
+/// view, the fleet's and the builds, so a report copies pointers, not names.
+pub type FoundMember = Arc<(Found, SocketAddr)>;
+/// What each model's source found, by model name.
+pub type FoundMap = BTreeMap<String, Arc<[FoundMember]>>;
 
 /// How the next generation's membership differs from the running one's: what a busy set
 /// holding the running one's evaluation needs to match a full pass over the next.
@@ -146,13 +150,13 @@ mod tests {
     const FILE: &str = "[[models]]\nname = \"m\"\nactive_decode_blocks_threshold = 0.5\n[models.etcd]\nendpoints = [\"http://127.0.0.1:2379\"]\nprefix = \"/w/\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\nname = \"listed\"\n";
 
     fn found(names: &[(&str, u16)]) -> FoundMap {
-        let list: Vec<(Found, SocketAddr)> = names
+        let list: Vec<FoundMember> = names
             .iter()
             .map(|&(name, port)| {
                 let hp = HostPort::parse(&format!("127.0.0.2:{port}")).unwrap();
                 let mut f = Found::at(hp);
                 f.name = name.into();
-                (f, format!("127.0.0.2:{port}").parse().unwrap())
+                Arc::new((f, format!("127.0.0.2:{port}").parse().unwrap()))
             })
             .collect();
         BTreeMap::from([("m".to_string(), list.into())])

@@ -265,6 +265,7 @@ fn found_workers_join_after_listed_ones() {
     assert_eq!(next_addrs.workers[2].addr, "127.0.0.1:11".parse().unwrap());
     assert_eq!(next_addrs.workers[2].metrics, next_addrs.workers[2].addr);
     // Nothing found: the file's configuration unchanged.
-    let (same, _, none) = c.with_found(&addrs, &BTreeMap::<String, Vec<_>>::new());
+    let (same, _, none) =
+        c.with_found(&addrs, &BTreeMap::<String, Vec<(Found, SocketAddr)>>::new());
     assert_eq!((same, none.len()), (c, 0));
 }
