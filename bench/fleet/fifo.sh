@@ -6,6 +6,11 @@
 # leaves 5 % to everyone else. Environment as for the bench (SPILLWAY_BENCH_*).
 # Usage: bench/fleet/fifo.sh   (from the repository root, after `cargo bench --bench
 # fleet_scale --no-run`)
+# A watchdog ends the run (bench, etcd, nats-server) if it has not finished 120 s after its
+# SPILLWAY_BENCH_SECS: at FIFO priority, threads that spin (Go's scheduler in etcd and
+# nats-server does) are never preempted by the bench's equal-priority threads, and once,
+# on 2026-12-01, etcd and nats-server spun on both vCPUs for minutes while the bench got
+# no CPU.
 set -euo pipefail
 bin=
 for f in target/release/deps/fleet_scale-*; do
@@ -21,4 +26,18 @@ done
 for pid in "$bench" $(pgrep -P "$bench"); do
     chrt -f -a -p 5 "$pid" >/dev/null
 done
-wait "$bench"
+limit=$(( ${SPILLWAY_BENCH_SECS:-20} + 120 ))
+(
+    sleep "$limit"
+    if kill -0 "$bench" 2>/dev/null; then
+        echo "fifo.sh: no result after ${limit}s (FIFO livelock?); stopping the run" >&2
+        pkill -9 -P "$bench" || true
+        kill -9 "$bench" || true
+    fi
+) &
+watchdog=$!
+status=0
+wait "$bench" || status=$?
+pkill -P "$watchdog" 2>/dev/null || true
+kill "$watchdog" 2>/dev/null || true
+exit "$status"
