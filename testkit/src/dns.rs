@@ -2,7 +2,7 @@
 //! SIGHUP, SRV records from flags, on 127.0.0.1 and a free port, killed on drop. Names
 //! under `test.` that it does not know are NXDOMAIN (`--local=/test/`).
 
-use std::net::{IpAddr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, SocketAddr, TcpListener, UdpSocket};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -81,7 +81,7 @@ impl Dnsmasq {
         write_hosts(&dir, &records.hosts);
         let mut last = String::new();
         // A free port can be taken between the probe and dnsmasq's bind: try again.
-        for _ in 0..3 {
+        for _ in 0..5 {
             let port = free_port();
             let mut child = spawn(&dir, port, records);
             let addr = SocketAddr::from(([127, 0, 0, 1], port));
@@ -98,7 +98,8 @@ impl Dnsmasq {
                 Err(why) => {
                     let _ = child.kill();
                     let _ = child.wait();
-                    last = format!("{why}; log: {}", read_log(&dir));
+                    let stderr = std::fs::read_to_string(dir.join("stderr")).unwrap_or_default();
+                    last = format!("{why}; stderr: {}; log: {}", stderr.trim(), read_log(&dir));
                 }
             }
         }
@@ -185,9 +186,11 @@ fn spawn(dir: &Path, port: u16, records: &Records) -> Child {
             s.name, s.target, s.port, s.priority, s.weight
         ));
     }
+    // Why it could not start (a port taken, say) goes to stderr, before its log opens.
+    let stderr = std::fs::File::create(dir.join("stderr")).unwrap();
     cmd.stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .unwrap()
 }
@@ -218,9 +221,17 @@ fn read_log(dir: &Path) -> String {
     std::fs::read_to_string(dir.join("log")).unwrap_or_default()
 }
 
+/// A port free for both UDP and TCP on 127.0.0.1 (dnsmasq binds both): a UDP port the
+/// kernel chose can be a TCP port in use, e.g. another test's connection's local port.
 fn free_port() -> u16 {
-    let probe = UdpSocket::bind("127.0.0.1:0").unwrap();
-    probe.local_addr().unwrap().port()
+    for _ in 0..50 {
+        let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+        let port = udp.local_addr().unwrap().port();
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no port free for both UDP and TCP on 127.0.0.1 in 50 tries");
 }
 
 /// Waits until dnsmasq answers a query, or says why not (it exited, or time ran out).
