@@ -316,6 +316,27 @@ backend be
 EOF
 }
 
+# start_origin_and_proxies: checks $T/spillway.toml, $T/haproxy.cfg and $T/nginx.conf,
+# starts the nginx origin ($T/origin.conf, on LOAD_CPU) and the three proxies (on
+# PROXY_CPU), and waits for their ports (P_ORIGIN, P_SPILLWAY, P_NGINX, P_HAPROXY). Sets
+# PID_SPILLWAY, PID_NGINX and PID_HAPROXY.
+start_origin_and_proxies() {
+  "$SPILLWAY" check-config "$T/spillway.toml" >/dev/null 2>&1 || die "spillway config invalid"
+  haproxy -c -q -f "$T/haproxy.cfg" || die "haproxy config invalid"
+  nginx -t -q -c "$T/nginx.conf" -p "$T/nginx" 2>/dev/null || die "nginx config invalid"
+  spawn $LOAD_CPU origin nginx -c "$T/origin.conf" -p "$T/origin"
+  wait_port "$P_ORIGIN" "$SPAWNED"
+  RUST_LOG=warn spawn $PROXY_CPU spillway "$SPILLWAY" --config "$T/spillway.toml"
+  PID_SPILLWAY=$SPAWNED
+  spawn $PROXY_CPU nginx nginx -c "$T/nginx.conf" -p "$T/nginx"
+  PID_NGINX=$SPAWNED
+  spawn $PROXY_CPU haproxy haproxy -db -f "$T/haproxy.cfg"
+  PID_HAPROXY=$SPAWNED
+  wait_port "$P_SPILLWAY" "$PID_SPILLWAY"
+  wait_port "$P_NGINX" "$PID_NGINX"
+  wait_port "$P_HAPROXY" "$PID_HAPROXY"
+}
+
 # with_children PID: PID and its direct children (nginx's master and its worker).
 with_children() {
   echo "$1 $(pgrep -P "$1" | tr '\n' ' ')"

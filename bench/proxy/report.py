@@ -68,6 +68,17 @@ def parse(tool, path):
                 "non2xx": 0, "sock_errors": 0}
 
 
+def spillway_log_lines(path):
+    """The report's line on Spillway's log: how many warning/error lines, and one of them."""
+    try:
+        probs = [l for l in open(path, errors="replace").read().splitlines()
+                 if re.search(r"WARN|ERROR|panic", l)]
+    except OSError:
+        return []
+    return [f"- Spillway log: {len(probs)} warning/error lines"
+            + (f", e.g. `{probs[0][-200:]}`" if probs else ".")]
+
+
 def med(xs):
     xs = [x for x in xs if x is not None]
     return statistics.median(xs) if xs else None
@@ -204,13 +215,7 @@ def main():
         except OSError:
             pass
     if a.spillway_log:
-        try:
-            probs = [l for l in open(a.spillway_log, errors="replace").read().splitlines()
-                     if re.search(r"WARN|ERROR|panic", l)]
-            md.append(f"- Spillway log: {len(probs)} warning/error lines"
-                      + (f", e.g. `{probs[0][-200:]}`" if probs else "."))
-        except OSError:
-            pass
+        md += spillway_log_lines(a.spillway_log)
     md.append("")
 
     md += [

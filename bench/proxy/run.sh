@@ -57,22 +57,8 @@ spillway_proxy_toml "$PROXY_CPU" "$P_SPILLWAY" "$P_ADMIN" "$P_ORIGIN" >"$T/spill
 nginx_proxy_conf "$T/nginx" "$PROXY_CPU" "$P_ORIGIN" "127.0.0.1:$P_NGINX" >"$T/nginx.conf"
 haproxy_proxy_cfg "$PROXY_CPU" "$P_ORIGIN" "127.0.0.1:$P_HAPROXY" >"$T/haproxy.cfg"
 
-"$SPILLWAY" check-config "$T/spillway.toml" >/dev/null 2>&1 || die "spillway config invalid"
-haproxy -c -q -f "$T/haproxy.cfg" || die "haproxy config invalid"
-nginx -t -q -c "$T/nginx.conf" -p "$T/nginx" 2>/dev/null || die "nginx config invalid"
-
 # --- processes ------------------------------------------------------------------------
-spawn $LOAD_CPU origin nginx -c "$T/origin.conf" -p "$T/origin"
-wait_port "$P_ORIGIN" "$SPAWNED"
-RUST_LOG=warn spawn $PROXY_CPU spillway "$SPILLWAY" --config "$T/spillway.toml"
-PID_SPILLWAY=$SPAWNED
-spawn $PROXY_CPU nginx nginx -c "$T/nginx.conf" -p "$T/nginx"
-PID_NGINX=$SPAWNED
-spawn $PROXY_CPU haproxy haproxy -db -f "$T/haproxy.cfg"
-PID_HAPROXY=$SPAWNED
-wait_port "$P_SPILLWAY" "$PID_SPILLWAY"
-wait_port "$P_NGINX" "$PID_NGINX"
-wait_port "$P_HAPROXY" "$PID_HAPROXY"
+start_origin_and_proxies
 
 port_of() {
   case $1 in

@@ -315,13 +315,7 @@ def report(a):
         except OSError:
             pass
     if a.spillway_log:
-        try:
-            probs = [l for l in open(a.spillway_log, errors="replace").read().splitlines()
-                     if re.search(r"WARN|ERROR|panic", l)]
-            md.append(f"- Spillway log: {len(probs)} warning/error lines"
-                      + (f", e.g. `{probs[0][-200:]}`" if probs else "."))
-        except OSError:
-            pass
+        md += _proxy.spillway_log_lines(a.spillway_log)
     md.append("")
 
     md += [
