@@ -1,6 +1,8 @@
 """A kept-alive TLS client for tests/alloc.rs: sends the request on stdin's first line
 (hex) over one TLS session, 500 times ("warm"), waits for a line, then 5,000 more
-("done"). Each response is read whole (head, then Content-Length bytes)."""
+("done"), and keeps the session open until stdin closes (its end frees the proxy's
+connection buffers, which the test must not count). Each response is read whole (head,
+then Content-Length bytes)."""
 import socket
 import ssl
 import sys
@@ -36,3 +38,5 @@ sys.stdin.readline()
 for _ in range(5000):
     round_trip()
 print("done", flush=True)
+sys.stdin.read()
+s.close()

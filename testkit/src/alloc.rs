@@ -3,11 +3,15 @@
 //! A binary installs it with
 //! `#[global_allocator] static GLOBAL: CountingAlloc = CountingAlloc;`
 //! and reads the count with [`allocations`]; [`describe_since`] names the threads and
-//! sizes of the latest ones, so a failing zero-allocation test says whose they were.
+//! sizes of the latest ones, so a failing zero-allocation test says whose they were. A
+//! [`Watch`] also captures the call stacks of the first allocations while it runs, so a
+//! rare one names its call site.
 
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::backtrace::Backtrace;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
 
@@ -16,15 +20,27 @@ const RECENT: usize = 64;
 static RECENT_TID: [AtomicI32; RECENT] = [const { AtomicI32::new(0) }; RECENT];
 static RECENT_SIZE: [AtomicUsize; RECENT] = [const { AtomicUsize::new(0) }; RECENT];
 
+/// A [`Watch`] runs: allocations capture their call stacks (the first `STACKS` of them).
+static WATCHING: AtomicBool = AtomicBool::new(false);
+const STACKS: usize = 4;
+static CAPTURED: AtomicUsize = AtomicUsize::new(0);
+static STACKS_SEEN: Mutex<Vec<(usize, Backtrace)>> = Mutex::new(Vec::new());
+
 thread_local! {
     /// This thread's id, asked of the kernel once (0: not yet). Const-initialised and
     /// without a destructor, so reading it never allocates.
     static TID: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+    /// This thread is capturing a call stack: what that allocates is not counted.
+    static CAPTURING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
-/// Counts one allocation and remembers who made it (without allocating).
+/// Counts one allocation and remembers who made it (without allocating, unless a
+/// [`Watch`] runs and this is one of its first allocations).
 #[allow(unsafe_code)]
 fn count(size: usize) {
+    if CAPTURING.with(std::cell::Cell::get) {
+        return;
+    }
     let n = ALLOCATIONS.fetch_add(1, Ordering::Relaxed) as usize % RECENT;
     let tid = TID.with(|t| {
         if t.get() == 0 {
@@ -35,6 +51,47 @@ fn count(size: usize) {
     });
     RECENT_TID[n].store(tid, Ordering::Relaxed);
     RECENT_SIZE[n].store(size, Ordering::Relaxed);
+    if WATCHING.load(Ordering::Relaxed) && CAPTURED.fetch_add(1, Ordering::Relaxed) < STACKS {
+        CAPTURING.with(|c| c.set(true));
+        let stack = Backtrace::force_capture();
+        if let Ok(mut seen) = STACKS_SEEN.lock() {
+            seen.push((size, stack));
+        }
+        CAPTURING.with(|c| c.set(false));
+    }
+}
+
+/// Counts the allocations from its start to its end and captures the call stacks of the
+/// first few (the capture itself is not counted).
+#[derive(Debug)]
+pub struct Watch {
+    before: u64,
+}
+
+impl Watch {
+    pub fn start() -> Watch {
+        if let Ok(mut seen) = STACKS_SEEN.lock() {
+            seen.clear();
+        }
+        CAPTURED.store(0, Ordering::SeqCst);
+        let before = allocations();
+        WATCHING.store(true, Ordering::SeqCst);
+        Watch { before }
+    }
+
+    /// The allocations counted while it ran, and who made them: threads, sizes and the
+    /// call stacks captured.
+    pub fn stop(self) -> (u64, String) {
+        WATCHING.store(false, Ordering::SeqCst);
+        let n = allocations() - self.before;
+        let mut whose = describe_since(self.before);
+        if let Ok(mut seen) = STACKS_SEEN.lock() {
+            for (size, stack) in seen.drain(..) {
+                let _ = write!(whose, "\n--- {size} B allocated at:\n{stack}");
+            }
+        }
+        (n, whose)
+    }
 }
 
 /// The allocations counted since the count was `since` (the latest 64 at most): each one's
