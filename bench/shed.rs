@@ -9,7 +9,7 @@
 #[path = "fleet.rs"]
 mod fleet;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group};
@@ -203,7 +203,7 @@ fn nats_read(c: &mut Criterion) {
         .collect();
     let shared = shared(spillway::config::default_cores());
     let mut mon = Monitor::new(&snap);
-    let mut touched = HashSet::new();
+    let mut touched = spillway::state::SlotSet::default();
     for m in &variants[0] {
         let events = parse_events(m.as_bytes()).unwrap();
         mon.table

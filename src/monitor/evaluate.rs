@@ -2,28 +2,32 @@
 //! class, as a full pass, a pass over a few workers' members, or the tick's pass over the
 //! members whose entry can change by itself. Pure: `now` is an argument.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use super::adaptive::Adaptivity;
 use super::load::{LoadTable, WorkerLoad, max_opt};
 use crate::shed::{Class, RankLoad, Thresholds, Why, rank_why};
 use crate::state::{BusySet, Member, Model, Snapshot};
+use crate::state::{SlotMap, SlotSet};
 
 /// Decode latches, per request class, member id and rank.
 #[derive(Debug, Default)]
 pub struct Latches([Vec<Vec<bool>>; 3]);
 
 impl Latches {
-    fn get(&mut self, class: Class, member: u32, rank: usize) -> &mut bool {
-        let (m, members) = (member as usize, &mut self.0[class.index()]);
-        if members.len() <= m {
-            members.resize_with(m + 1, Vec::new);
-        }
-        let ranks = &mut members[m];
-        if ranks.len() <= rank {
-            ranks.resize(rank + 1, false);
-        }
-        &mut ranks[rank]
+    /// A member's latches for each class, `ranks` of them at least.
+    fn member(&mut self, member: u32, ranks: usize) -> [&mut [bool]; 3] {
+        let m = member as usize;
+        self.0.each_mut().map(|members| {
+            if members.len() <= m {
+                members.resize_with(m + 1, Vec::new);
+            }
+            let latches = &mut members[m];
+            if latches.len() < ranks {
+                latches.resize(ranks, false);
+            }
+            &mut latches[..]
+        })
     }
 }
 
@@ -59,7 +63,7 @@ pub fn evaluate(
             out.set_enabled(model.id);
         }
         for member in model.members.iter() {
-            evaluate_member(snap, table, &mut rule, (model, member), now, out, false);
+            evaluate_member(snap, table, &mut rule, (member, t), now, out);
         }
     }
 }
@@ -79,6 +83,7 @@ pub fn evaluate_due(
 ) -> bool {
     let mut changed = false;
     for (model, cfg) in snap.models.iter().zip(&snap.config.models) {
+        let t = model_thresholds(&rule, model);
         for member in model.members.iter() {
             let w = &snap.workers[member.worker as usize];
             let due = cfg.adaptive.is_some()
@@ -88,7 +93,7 @@ pub fn evaluate_due(
                     .get(member.id as usize)
                     .is_none_or(|&t| t <= now);
             if due {
-                changed |= evaluate_member(snap, table, &mut rule, (model, member), now, out, true);
+                changed |= evaluate_member(snap, table, &mut rule, (member, t), now, out);
             }
         }
     }
@@ -97,8 +102,8 @@ pub fn evaluate_due(
 
 /// Where each worker is a member: slot → (model index, member position), for one
 /// snapshot.
-pub fn members_by_slot(snap: &Snapshot) -> HashMap<u32, Vec<(u32, u32)>> {
-    let mut index: HashMap<u32, Vec<(u32, u32)>> = HashMap::new();
+pub fn members_by_slot(snap: &Snapshot) -> SlotMap<Vec<(u32, u32)>> {
+    let mut index: SlotMap<Vec<(u32, u32)>> = SlotMap::default();
     for (mi, model) in snap.models.iter().enumerate() {
         for (pos, member) in model.members.iter().enumerate() {
             let slot = snap.workers[member.worker as usize].state.slot;
@@ -118,8 +123,8 @@ pub fn evaluate_slots(
     rule: Rule<'_>,
     now: u64,
     out: &mut BusySet,
-    slots: &HashSet<u32>,
-    index: &HashMap<u32, Vec<(u32, u32)>>,
+    slots: &SlotSet,
+    index: &SlotMap<Vec<(u32, u32)>>,
 ) -> bool {
     let members = slots.iter().filter_map(|s| index.get(s)).flatten();
     evaluate_members(snap, table, rule, now, out, members.copied())
@@ -136,6 +141,8 @@ pub fn evaluate_members(
     members: impl IntoIterator<Item = (u32, u32)>,
 ) -> bool {
     let mut changed = false;
+    // The last member's model and its thresholds (a worker's members are in model order).
+    let mut last: Option<(u32, Thresholds)> = None;
     for (mi, pos) in members {
         let Some(model) = snap.models.get(mi as usize) else {
             continue;
@@ -143,67 +150,92 @@ pub fn evaluate_members(
         let Some(member) = model.members.get(pos as usize) else {
             continue;
         };
-        changed |= evaluate_member(snap, table, &mut rule, (model, member), now, out, true);
+        let t = match last {
+            Some((m, t)) if m == mi => t,
+            _ => model_thresholds(&rule, model),
+        };
+        last = Some((mi, t));
+        changed |= evaluate_member(snap, table, &mut rule, (member, t), now, out);
     }
     changed
 }
 
-/// One member's entry (replaced in `out`); with `compare`, returns whether it changed
-/// (else `false`: a full pass starts from an empty set).
+/// A model's thresholds as the rule has them now (none set: nothing is busy).
+fn model_thresholds(rule: &Rule<'_>, model: &Model) -> Thresholds {
+    rule.thresholds
+        .get(&*model.name)
+        .copied()
+        .unwrap_or_default()
+}
+
+/// One member's entry, under its model's thresholds `t` (replaced in `out`); returns
+/// whether it changed.
 fn evaluate_member(
     snap: &Snapshot,
     table: &LoadTable,
     rule: &mut Rule<'_>,
-    (model, member): (&Model, &Member),
+    (member, t): (&Member, Thresholds),
     now: u64,
     out: &mut BusySet,
-    compare: bool,
 ) -> bool {
     static EMPTY: std::sync::LazyLock<WorkerLoad> = std::sync::LazyLock::new(WorkerLoad::default);
-    let t = rule
-        .thresholds
-        .get(&*model.name)
-        .copied()
-        .unwrap_or_default();
     let scale = rule.adaptivity.scale(member.id);
     let classes = &snap.config.classes;
     let by_class = Class::ALL.map(|c| t.scaled(classes.get(c).busy_threshold_scale * scale));
+    // Classes that see the same thresholds get the same answer (and latches): each
+    // distinct one is computed once, the others copy it.
+    let same_as = [
+        0,
+        usize::from(by_class[1] != by_class[0]),
+        if by_class[2] == by_class[0] {
+            0
+        } else if by_class[2] == by_class[1] {
+            1
+        } else {
+            2
+        },
+    ];
     let w = &snap.workers[member.worker as usize];
     let load = table.workers.get(&w.state.slot).unwrap_or(&EMPTY);
     let ranks = load.dp_size(&w.cfg);
     let staleness = snap.config.load_staleness_ms;
+    let mut latches = rule.latches.member(member.id, ranks);
     let mut permille = 0u16;
     // Busy when every rank is: the least busy rank says why.
     let mut why: [Option<Why>; 3] = [None; 3];
     let mut busy = [ranks > 0; 3];
     let mut recheck = u64::MAX;
+    // `r` indexes the load entry's ranks and each class's latches alike.
+    #[allow(clippy::needless_range_loop)]
     for r in 0..ranks {
         recheck = recheck.min(load.next_expiry(r, &w.cfg, now, staleness));
         let l = load.effective(r, &w.cfg, now, staleness);
         permille = permille.max(load_permille(&l));
-        for c in Class::ALL {
-            let (i, latch) = (c.index(), rule.latches.get(c, member.id, r));
-            match rank_why(&by_class[i], &l, latch) {
+        for i in (0..3).filter(|&i| same_as[i] == i) {
+            match rank_why(&by_class[i], &l, &mut latches[i][r]) {
                 None => busy[i] = false,
                 Some(y) if why[i].is_none_or(|w| y.excess() < w.excess()) => why[i] = Some(y),
                 Some(_) => {}
             }
         }
     }
+    for i in (0..3).filter(|&i| same_as[i] != i) {
+        (busy[i], why[i]) = (busy[same_as[i]], why[same_as[i]]);
+        let [a, b, c] = &mut latches;
+        let (from, to): (&[bool], &mut [bool]) = match (same_as[i], i) {
+            (0, 1) => (a, b),
+            (0, 2) => (a, c),
+            _ => (b, c),
+        };
+        to[..ranks].copy_from_slice(&from[..ranks]);
+    }
     let i = member.id as usize;
     if rule.recheck.len() <= i {
         rule.recheck.resize(i + 1, 0);
     }
     rule.recheck[i] = recheck;
-    let before = compare.then(|| out.member(member.id));
-    if compare {
-        out.clear_member(member.id);
-    }
-    for c in Class::ALL.into_iter().filter(|c| busy[c.index()]) {
-        out.set_busy(c, member.id, why[c.index()]);
-    }
-    out.set_load(member.id, permille);
-    before.is_some_and(|b| out.member(member.id) != b)
+    let entry = Class::ALL.map(|c| busy[c.index()].then_some(why[c.index()]));
+    out.set_member(member.id, (entry, permille))
 }
 
 /// The fullest known signal of a rank, in permille of its capacity (for least-loaded).
@@ -278,8 +310,8 @@ mod tests {
         out
     }
 
-    fn push(s: &Snapshot, table: &mut LoadTable, now: u64, body: &str) -> HashSet<u32> {
-        let mut touched = HashSet::new();
+    fn push(s: &Snapshot, table: &mut LoadTable, now: u64, body: &str) -> SlotSet {
+        let mut touched = SlotSet::default();
         let events = parse_events(body.as_bytes()).unwrap();
         table.push_known(s, &events, now, &mut touched).unwrap();
         touched

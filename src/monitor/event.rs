@@ -4,7 +4,7 @@
 
 use std::borrow::Cow;
 
-use serde::Deserialize;
+use serde::{Deserialize, Deserializer as _};
 
 /// A worker id in a load event: the configured name (borrowed from the message unless it
 /// had escapes), or a number matched against names.
@@ -72,11 +72,44 @@ pub struct LoadEvent<'a> {
 
 /// Parses a `POST /load` body: one event, or an array of them. The first byte decides,
 /// so an array is read straight into a `Vec` (an untagged enum would buffer it first).
+///
+/// The whole body's UTF-8 is checked once, up front (ASCII goes by words): from bytes,
+/// serde_json checks each string it reads, a fifth of the work for these messages.
 pub fn parse_events(body: &[u8]) -> serde_json::Result<Vec<LoadEvent<'_>>> {
-    if body.trim_ascii_start().first() == Some(&b'[') {
-        serde_json::from_slice(body)
+    let text = std::str::from_utf8(body).map_err(serde::de::Error::custom)?;
+    if text.trim_ascii_start().starts_with('[') {
+        let mut de = serde_json::Deserializer::from_str(text);
+        let events = de.deserialize_seq(EventsVisitor(text.len()))?;
+        de.end()?;
+        Ok(events)
     } else {
-        serde_json::from_slice::<LoadEvent>(body).map(|e| vec![e])
+        serde_json::from_str::<LoadEvent>(text).map(|e| vec![e])
+    }
+}
+
+/// An array of events into a `Vec` sized once from the array's length in bytes (serde's
+/// own starts empty and grows, copying as it doubles).
+struct EventsVisitor(usize);
+
+/// Bytes per event `EventsVisitor` sizes for: events usually take about 100, so this
+/// leaves room for all of them.
+const BYTES_PER_EVENT: usize = 64;
+/// Most events `EventsVisitor` reserves room for up front (a larger array grows).
+const RESERVE_EVENTS: usize = 64;
+
+impl<'de> serde::de::Visitor<'de> for EventsVisitor {
+    type Value = Vec<LoadEvent<'de>>;
+
+    fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("an array of load events")
+    }
+
+    fn visit_seq<A: serde::de::SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+        let mut events = Vec::with_capacity((self.0 / BYTES_PER_EVENT).clamp(1, RESERVE_EVENTS));
+        while let Some(e) = seq.next_element()? {
+            events.push(e);
+        }
+        Ok(events)
     }
 }
 

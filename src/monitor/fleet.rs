@@ -5,7 +5,7 @@
 //! that fails keeps its last good membership. The sources themselves: `discover.rs`.
 
 use std::cell::RefCell;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::sync::Arc;
 
@@ -13,6 +13,7 @@ use super::Control;
 use super::generation::{Built, FoundMap, FoundMember, Job};
 use crate::config::{Addrs, Config, DiscoverySource, NatsConfig};
 use crate::runtime::clock;
+use crate::state::SlotSet;
 use crate::state::Snapshot;
 
 /// Found workers are folded into a new generation at most this often.
@@ -48,7 +49,7 @@ pub struct NatsState {
     pub published: u64,
     pub errors: u64,
     /// Slots of the workers whose load arrived since the last publication.
-    pub touched: HashSet<u32>,
+    pub touched: SlotSet,
 }
 
 /// The sources of every model and what they found.

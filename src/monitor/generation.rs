@@ -5,13 +5,14 @@
 //! and evaluates the members that joined or changed, so NATS load never waits behind a
 //! build of thousands of workers. Pure: no I/O, no clock.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use super::load::members_by_slot;
 use crate::config::{Addrs, Config, Found, WorkerConfig};
 use crate::state::{Registry, Snapshot};
+use crate::state::{SlotMap, SlotSet};
 
 /// What the sources found, per model; shared with the build without copying it.
 /// A worker a source found, with its resolved address: shared between the source's own
@@ -65,7 +66,7 @@ pub fn change(old: &Snapshot, next: &Snapshot) -> Change {
     };
     // Member id → its worker's settings in the running generation, and whether the
     // next generation still has it.
-    let mut before: HashMap<u32, (&WorkerConfig, bool)> = old
+    let mut before: SlotMap<(&WorkerConfig, bool)> = old
         .models
         .iter()
         .flat_map(|m| m.members.iter())
@@ -89,7 +90,7 @@ pub fn change(old: &Snapshot, next: &Snapshot) -> Change {
         .map(|(&id, _)| id)
         .collect();
     out.left.sort_unstable();
-    let live: HashSet<u32> = next.workers.iter().map(|w| w.state.slot).collect();
+    let live: SlotSet = next.workers.iter().map(|w| w.state.slot).collect();
     out.gone_slots = old
         .workers
         .iter()
@@ -107,7 +108,7 @@ pub struct Built {
     pub skipped: Vec<String>,
     pub change: Change,
     /// [`members_by_slot`] of `snap`.
-    pub index: HashMap<u32, Vec<(u32, u32)>>,
+    pub index: SlotMap<Vec<(u32, u32)>>,
 }
 
 /// What the build needs, moved to the blocking pool (the registry comes back with it).
@@ -248,6 +249,7 @@ mod tests {
     use super::super::adaptive::Adaptivity;
     use super::super::load::{Latches, LoadTable, Rule, evaluate, evaluate_members, parse_events};
     use crate::state::BusySet;
+    use std::collections::HashMap;
 
     /// The rule's inputs besides the load table.
     struct RuleState {
@@ -287,7 +289,7 @@ mod tests {
     fn push(s: &Snapshot, table: &mut LoadTable, body: &str) {
         let events = parse_events(body.as_bytes()).unwrap();
         table
-            .push_known(s, &events, 0, &mut HashSet::new())
+            .push_known(s, &events, 0, &mut SlotSet::default())
             .unwrap();
     }
 

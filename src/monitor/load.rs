@@ -1,12 +1,11 @@
 //! Load state per worker and rank, from every source (semantics §2), and the evaluation
 //! of the busy set. Pure: no I/O, `now` is an argument; the monitor thread drives it.
 
-use std::collections::{HashMap, HashSet};
-
 use crate::config::WorkerConfig;
 use crate::http::limits::MAX_DP_SIZE;
 use crate::shed::RankLoad;
 use crate::state::Snapshot;
+use crate::state::{SlotMap, SlotSet};
 
 pub use super::event::{LoadEvent, PushError, WorkerRef, parse_events};
 
@@ -123,22 +122,24 @@ impl WorkerLoad {
         let Some(r) = self.ranks.get(rank) else {
             return u64::MAX;
         };
-        let scrape = cfg.load_sources.scrape.then_some(&r.scrape);
-        [Some(&r.push), scrape]
-            .into_iter()
-            .flatten()
-            .flat_map(|s| {
-                [
-                    s.active_decode_blocks,
-                    s.kv_used_blocks,
-                    s.active_prefill_tokens,
-                ]
-            })
-            .flatten()
-            .filter(|t| now.saturating_sub(t.at) < staleness)
-            .map(|t| t.at.saturating_add(staleness))
-            .min()
-            .unwrap_or(u64::MAX)
+        let mut next = u64::MAX;
+        let mut fold = |s: &Signals| {
+            let signals = [
+                s.active_decode_blocks,
+                s.kv_used_blocks,
+                s.active_prefill_tokens,
+            ];
+            for t in signals.into_iter().flatten() {
+                if now.saturating_sub(t.at) < staleness {
+                    next = next.min(t.at.saturating_add(staleness));
+                }
+            }
+        };
+        fold(&r.push);
+        if cfg.load_sources.scrape {
+            fold(&r.scrape);
+        }
+        next
     }
 
     /// What the engine itself reported for a rank (fresh push or scrape, without the
@@ -176,7 +177,7 @@ impl WorkerLoad {
 /// Every load-related fact the monitor holds, by worker slot.
 #[derive(Debug, Default)]
 pub struct LoadTable {
-    pub workers: HashMap<u32, WorkerLoad>,
+    pub workers: SlotMap<WorkerLoad>,
     /// `push_where`'s per-event workers, kept for their storage.
     found: Vec<Option<usize>>,
 }
@@ -206,7 +207,7 @@ impl LoadTable {
         snap: &Snapshot,
         events: &[LoadEvent],
         now: u64,
-        touched: &mut HashSet<u32>,
+        touched: &mut SlotSet,
     ) -> Result<(usize, usize), PushError> {
         self.push_where(snap, events, now, Some(touched))
     }
@@ -221,7 +222,7 @@ impl LoadTable {
         snap: &Snapshot,
         events: &[LoadEvent],
         now: u64,
-        mut touched: Option<&mut HashSet<u32>>,
+        mut touched: Option<&mut SlotSet>,
     ) -> Result<(usize, usize), PushError> {
         // Each event's worker, by position in `snap.workers` (None: unknown), in storage
         // kept between batches.
@@ -302,7 +303,7 @@ impl LoadTable {
 
     /// Drops state of workers no longer configured.
     pub fn retain(&mut self, snap: &Snapshot) {
-        let live: HashSet<u32> = snap.workers.iter().map(|w| w.state.slot).collect();
+        let live: SlotSet = snap.workers.iter().map(|w| w.state.slot).collect();
         self.workers.retain(|slot, _| live.contains(slot));
     }
 }
@@ -359,6 +360,7 @@ mod tests {
     use crate::config::{Config, Overrides};
     use crate::shed::{Class, Thresholds};
     use crate::state::BusySet;
+    use std::collections::HashMap;
 
     fn snap(extra: &str) -> Snapshot {
         let text = format!(

@@ -16,7 +16,7 @@ mod report;
 pub mod scrape;
 pub mod tasks;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -29,6 +29,7 @@ pub use report::{RankReport, WorkerReport};
 
 use crate::shed::Thresholds;
 use crate::state::{BusySet, KvLoad, Shared, Snapshot};
+use crate::state::{SlotMap, SlotSet};
 
 /// The monitor's state: load from every source, effective thresholds, decode latches, and
 /// the last published busy set.
@@ -48,7 +49,7 @@ pub struct Monitor {
     /// Per member id: when its entry next changes by itself (see [`load::Rule`]).
     recheck: Vec<u64>,
     /// [`load::members_by_slot`] of the snapshot with this generation.
-    slot_index: (u64, HashMap<u32, Vec<(u32, u32)>>),
+    slot_index: (u64, SlotMap<Vec<(u32, u32)>>),
     /// Positions of the workers with the `tracked` source in the snapshot with this
     /// generation (the tick folds only theirs in).
     tracked: (u64, Vec<usize>),
@@ -75,7 +76,7 @@ impl Monitor {
             published: Arc::new(BusySet::default()),
             publishes: 0,
             recheck: Vec::new(),
-            slot_index: (0, HashMap::new()),
+            slot_index: (0, SlotMap::default()),
             tracked: (0, Vec::new()),
         }
     }
@@ -103,7 +104,7 @@ impl Monitor {
         &mut self,
         snap: &Snapshot,
         change: &generation::Change,
-        index: HashMap<u32, Vec<(u32, u32)>>,
+        index: SlotMap<Vec<(u32, u32)>>,
     ) {
         if change.full {
             self.on_reload(snap);
@@ -227,7 +228,7 @@ impl Monitor {
         shared: &Shared,
         snap: &Snapshot,
         now: u64,
-        slots: &HashSet<u32>,
+        slots: &SlotSet,
     ) -> bool {
         if self.slot_index.0 != snap.generation {
             self.slot_index = (snap.generation, load::members_by_slot(snap));

@@ -3,13 +3,13 @@
 //! `scrape_interval_ms` (one scrape per worker in flight at a time).
 
 use std::cell::RefCell;
-use std::collections::HashSet;
 use std::rc::Rc;
 use std::time::Duration;
 
 use super::{Control, scrape};
 use crate::http::limits::{SCRAPE_TIMEOUT_MAX_MS, SCRAPE_TIMEOUT_MIN_MS};
 use crate::runtime::clock;
+use crate::state::SlotSet;
 use crate::state::Worker;
 
 /// Folds tracked load in and republishes on a fixed interval.
@@ -29,7 +29,7 @@ pub async fn tick(control: Rc<RefCell<Control>>) {
 
 /// Polls every worker with the `scrape` source once per interval.
 pub async fn scrape_loop(control: Rc<RefCell<Control>>) {
-    let in_flight: Rc<RefCell<HashSet<u32>>> = Rc::default();
+    let in_flight: Rc<RefCell<SlotSet>> = Rc::default();
     loop {
         let snap = control.borrow().shared.snapshot.load_full();
         let interval = Duration::from_millis(snap.config.scrape_interval_ms);
@@ -49,7 +49,7 @@ pub async fn scrape_loop(control: Rc<RefCell<Control>>) {
 /// One scrape of one worker, applied and republished when it lands.
 fn scrape_one(
     control: Rc<RefCell<Control>>,
-    in_flight: Rc<RefCell<HashSet<u32>>>,
+    in_flight: Rc<RefCell<SlotSet>>,
     w: &Worker,
     timeout: Duration,
 ) -> impl std::future::Future<Output = ()> + 'static {

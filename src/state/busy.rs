@@ -6,6 +6,9 @@
 use super::cow_chunks::CowChunks;
 use crate::shed::{Class, Why};
 
+/// A member's entry: per class, busy (and why, when known) or not; and its load.
+pub type MemberEntry = ([Option<Option<Why>>; 3], u16);
+
 /// The busy set as published: immutable, one per publish, read lock-free by the cores.
 #[derive(Debug, Default, Clone)]
 pub struct BusySet {
@@ -92,9 +95,31 @@ impl BusySet {
     }
 
     /// A member's whole entry: busy and why per class, and its load.
-    pub fn member(&self, member_id: u32) -> ([Option<Option<Why>>; 3], u16) {
+    pub fn member(&self, member_id: u32) -> MemberEntry {
         let busy = Class::ALL.map(|c| self.is_busy(c, member_id).then(|| self.why(c, member_id)));
         (busy, self.load(member_id))
+    }
+
+    /// Replaces a member's entry, writing only what differs (a `why` chunk shared with
+    /// a published set is copied only when its entry changes); returns whether it did.
+    pub fn set_member(&mut self, member_id: u32, (busy, load): MemberEntry) -> bool {
+        if self.member(member_id) == (busy, load) {
+            return false;
+        }
+        let (w, bit) = ((member_id / 64) as usize, 1u64 << (member_id % 64));
+        for c in Class::ALL {
+            match busy[c.index()] {
+                Some(why) => self.set_busy(c, member_id, why),
+                None => {
+                    if let Some(word) = self.busy[c.index()].get_mut(w) {
+                        *word &= !bit;
+                    }
+                    self.why[c.index()].set(member_id as usize, None);
+                }
+            }
+        }
+        self.set_load(member_id, load);
+        true
     }
 
     /// Clears a member's entry (not busy for any class, load 0).

@@ -24,7 +24,7 @@ pub use registry::Registry;
 pub use snapshot::{KvRouting, Member, Model, Responses, Snapshot, Worker};
 pub use stats::Stats;
 pub use worker::KvLoad;
-pub use worker::{TrackedLoad, WorkerState};
+pub use worker::{SlotMap, SlotSet, TrackedLoad, WorkerState};
 
 /// State shared by every core and the control thread.
 #[derive(Debug)]

@@ -2,7 +2,7 @@
 //! behind an `ArcSwap` and pinned by each request for its lifetime. Built by the
 //! [`super::Registry`].
 
-use std::collections::HashMap;
+use rustc_hash::FxHashMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -21,8 +21,11 @@ pub struct Snapshot {
     pub generation: u64,
     pub config: Config,
     pub models: Box<[Model]>,
-    pub(super) model_index: HashMap<Box<[u8]>, usize>,
-    pub(super) worker_index: HashMap<Box<str>, usize>,
+    /// Name indexes, built once per generation and only read after: a multiply hash
+    /// (the keys come from the config, so the table's chains do too, whatever a client
+    /// asks for).
+    pub(super) model_index: FxHashMap<Box<[u8]>, usize>,
+    pub(super) worker_index: FxHashMap<Box<str>, usize>,
     /// Same order as `config.workers`.
     pub workers: Box<[Worker]>,
     pub responses: Responses,

@@ -6,6 +6,12 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 
+/// Maps and sets keyed by worker slot, as the monitor keeps them (a slot is a small
+/// integer the registry hands out, so a multiply hash serves where SipHash cost a
+/// lookup's worth of time).
+pub type SlotMap<V> = rustc_hash::FxHashMap<u32, V>;
+pub type SlotSet = rustc_hash::FxHashSet<u32>;
+
 /// Per-worker state shared by all cores, kept across reloads while the worker is unchanged.
 #[derive(Debug)]
 pub struct WorkerState {
