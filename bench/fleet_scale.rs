@@ -17,7 +17,8 @@
 //!   generation;
 //! - a probe flips worker `w0000`'s load between busy and idle every 100 ms on its own
 //!   connection and times publish → the core's busy replica showing it (polled every
-//!   ~20 µs, so figures carry up to ~0.1 ms of polling delay).
+//!   ~20 µs, so figures carry up to ~0.1 ms of polling delay), and publish → delivered to
+//!   a second, plain subscriber of that worker's subject alone (NATS's share of it).
 //!
 //! Reported: the monitor thread's CPU (utime+stime of `spillway-monitor`), messages and
 //! events per second received, generations built per second, join latency, and publish →
@@ -196,12 +197,45 @@ fn churn(
     })
 }
 
-/// Flips the probe worker busy/idle and times publish → visible on core 0.
+/// A second subscriber, to the probe worker's subject only: sends the instant each of
+/// its messages arrives (NATS's share of publish → visible).
+fn tap(addr: SocketAddr) -> std::sync::mpsc::Receiver<Instant> {
+    use std::io::Read;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mut s = nats_conn(addr);
+    write!(s, "SUB bench.load.{} 1\r\nPING\r\n", worker_name(0)).unwrap();
+    std::thread::spawn(move || {
+        let mut buf = vec![0u8; 65536];
+        while let Ok(n) = s.read(&mut buf) {
+            let at = Instant::now();
+            let got = &buf[..n];
+            if n == 0 {
+                return;
+            }
+            if got.windows(6).any(|w| w == b"PING\r\n") && s.write_all(b"PONG\r\n").is_err() {
+                return;
+            }
+            // One message per flip, each far smaller than a read.
+            for _ in 0..got.windows(4).filter(|w| w == b"MSG ").count() {
+                if tx.send(at).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// Flips the probe worker busy/idle and times publish → visible on core 0, and publish →
+/// delivered to a plain NATS subscriber ([`tap`]).
 fn probe(
     addr: SocketAddr,
     handle: Arc<ServerHandle>,
     stop: Arc<AtomicBool>,
-) -> JoinHandle<Vec<Duration>> {
+) -> JoinHandle<(Vec<Duration>, Vec<Duration>)> {
+    let tapped = tap(addr);
+    // The tap's subscription is in place before the first flip.
+    std::thread::sleep(Duration::from_millis(100));
     let flips: Vec<Vec<u8>> = [3_900u64, 100]
         .iter()
         .map(|&d| {
@@ -224,7 +258,7 @@ fn probe(
                 .id
         };
         let replica = handle.shared.busy[0].clone();
-        let mut seen = Vec::new();
+        let (mut seen, mut delivered) = (Vec::new(), Vec::new());
         let mut n = 0usize;
         while !stop.load(Ordering::SeqCst) {
             let busy = n.is_multiple_of(2);
@@ -237,10 +271,13 @@ fn probe(
                 std::thread::sleep(Duration::from_micros(20));
             }
             seen.push(sent.elapsed());
+            if let Ok(at) = tapped.recv_timeout(Duration::from_secs(2)) {
+                delivered.push(at.saturating_duration_since(sent));
+            }
             n += 1;
             std::thread::sleep(PROBE_EVERY.saturating_sub(sent.elapsed()));
         }
-        seen
+        (seen, delivered)
     })
 }
 
@@ -330,8 +367,9 @@ fn main() {
     stop.store(true, Ordering::SeqCst);
     let (ticks, late) = publishing.join().unwrap();
     let (changed, mut joins) = churning.join().unwrap();
-    let mut visible = probing.join().unwrap();
+    let (mut visible, mut delivered) = probing.join().unwrap();
     visible.sort_unstable();
+    delivered.sort_unstable();
     joins.sort_unstable();
     let msgs = (r1.0 - r0.0) / wall;
     let publishes = (r1.1 - r0.1) / wall;
@@ -355,6 +393,27 @@ fn main() {
         pct(&visible, 0.99),
         pct(&visible, 1.0),
         visible.len(),
+    );
+    let worst: Vec<String> = visible
+        .iter()
+        .rev()
+        .take(10)
+        .map(|d| format!("{:.2}", d.as_secs_f64() * 1000.0))
+        .collect();
+    println!(
+        "\nThe tail of publish → visible: p90 {} / p95 {} / p98 {} ms; the 10 worst: {} ms.",
+        pct(&visible, 0.90),
+        pct(&visible, 0.95),
+        pct(&visible, 0.98),
+        worst.join(", ")
+    );
+    println!(
+        "Publish → delivered to a plain subscriber of the probe's subject (NATS's share): p50 {} / p90 {} / p99 {} / max {} ms ({}).",
+        pct(&delivered, 0.5),
+        pct(&delivered, 0.9),
+        pct(&delivered, 0.99),
+        pct(&delivered, 1.0),
+        delivered.len()
     );
     println!(
         "\nRegistering {workers} keys took {:.1} s; Spillway had them all {:.2} s after it started; measured for {wall:.1} s.",

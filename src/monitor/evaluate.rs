@@ -208,8 +208,8 @@ fn evaluate_member(
     // `r` indexes the load entry's ranks and each class's latches alike.
     #[allow(clippy::needless_range_loop)]
     for r in 0..ranks {
-        recheck = recheck.min(load.next_expiry(r, &w.cfg, now, staleness));
-        let l = load.effective(r, &w.cfg, now, staleness);
+        let (l, until) = load.effective_until(r, &w.cfg, now, staleness);
+        recheck = recheck.min(until);
         permille = permille.max(load_permille(&l));
         for i in (0..3).filter(|&i| same_as[i] == i) {
             match rank_why(&by_class[i], &l, &mut latches[i][r]) {

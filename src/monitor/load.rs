@@ -74,72 +74,61 @@ impl WorkerLoad {
     /// Effective load of one rank: per signal the maximum over fresh sources the worker
     /// uses; capacity from the latest report, else the config.
     pub fn effective(&self, rank: usize, cfg: &WorkerConfig, now: u64, staleness: u64) -> RankLoad {
+        self.effective_until(rank, cfg, now, staleness).0
+    }
+
+    /// [`WorkerLoad::effective`], and when it changes by itself: the first instant one of
+    /// its fresh pushed or scraped signals turns stale (`u64::MAX`: none will). One pass
+    /// over the rank's signals (the monitor's busiest loop).
+    pub fn effective_until(
+        &self,
+        rank: usize,
+        cfg: &WorkerConfig,
+        now: u64,
+        staleness: u64,
+    ) -> (RankLoad, u64) {
         let Some(r) = self.ranks.get(rank) else {
-            return RankLoad {
+            let load = RankLoad {
                 kv_total_blocks: cfg.kv_total_blocks,
                 max_num_batched_tokens: cfg.max_num_batched_tokens,
                 ..RankLoad::default()
             };
+            return (load, u64::MAX);
         };
-        let fresh = |t| Signals::fresh(t, now, staleness);
+        let mut until = u64::MAX;
+        let mut fresh = |t: Option<Timed>| {
+            let t = t.filter(|t| now.saturating_sub(t.at) < staleness)?;
+            until = until.min(t.at.saturating_add(staleness));
+            Some(t.value)
+        };
         let src = cfg.load_sources;
-        let scrape = |f: fn(&Signals) -> Option<Timed>| {
-            if src.scrape {
-                fresh(f(&r.scrape))
-            } else {
-                None
-            }
-        };
-        let tracked = |f: fn(&Signals) -> Option<Timed>| {
-            if src.tracked {
-                f(&r.tracked).map(|t| t.value)
-            } else {
-                None
-            }
-        };
-        RankLoad {
+        let (scrape, tracked) = (
+            src.scrape.then_some(&r.scrape),
+            src.tracked.then_some(&r.tracked),
+        );
+        let load = RankLoad {
             active_decode_blocks: max_opt([
                 fresh(r.push.active_decode_blocks),
-                scrape(|s| s.active_decode_blocks),
-                tracked(|s| s.active_decode_blocks),
+                scrape.and_then(|s| fresh(s.active_decode_blocks)),
+                tracked
+                    .and_then(|s| s.active_decode_blocks)
+                    .map(|t| t.value),
             ]),
-            kv_used_blocks: max_opt([fresh(r.push.kv_used_blocks), scrape(|s| s.kv_used_blocks)]),
+            kv_used_blocks: max_opt([
+                fresh(r.push.kv_used_blocks),
+                scrape.and_then(|s| fresh(s.kv_used_blocks)),
+            ]),
             active_prefill_tokens: max_opt([
                 fresh(r.push.active_prefill_tokens),
-                scrape(|s| s.active_prefill_tokens),
-                tracked(|s| s.active_prefill_tokens),
+                scrape.and_then(|s| fresh(s.active_prefill_tokens)),
+                tracked
+                    .and_then(|s| s.active_prefill_tokens)
+                    .map(|t| t.value),
             ]),
             kv_total_blocks: r.kv_total_blocks.or(cfg.kv_total_blocks),
             max_num_batched_tokens: r.max_num_batched_tokens.or(cfg.max_num_batched_tokens),
-        }
-    }
-}
-
-impl WorkerLoad {
-    /// When a rank's effective load changes by itself: the first instant one of its
-    /// fresh pushed or scraped signals turns stale (`u64::MAX`: none will).
-    pub fn next_expiry(&self, rank: usize, cfg: &WorkerConfig, now: u64, staleness: u64) -> u64 {
-        let Some(r) = self.ranks.get(rank) else {
-            return u64::MAX;
         };
-        let mut next = u64::MAX;
-        let mut fold = |s: &Signals| {
-            let signals = [
-                s.active_decode_blocks,
-                s.kv_used_blocks,
-                s.active_prefill_tokens,
-            ];
-            for t in signals.into_iter().flatten() {
-                if now.saturating_sub(t.at) < staleness {
-                    next = next.min(t.at.saturating_add(staleness));
-                }
-            }
-        };
-        fold(&r.push);
-        if cfg.load_sources.scrape {
-            fold(&r.scrape);
-        }
-        next
+        (load, until)
     }
 
     /// What the engine itself reported for a rank (fresh push or scrape, without the
