@@ -76,6 +76,18 @@ fn pushed_load_removes_a_worker_from_rotation_on_every_core() {
         ),
         Some(90.0)
     );
+    // `GET /load` names the models each worker is busy in.
+    let state = admin_get(p.admin_addr, "/load").json();
+    let busy_in = |name: &str| {
+        state["workers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|w| w["worker_id"] == name)
+            .map(|w| w["busy_in"].clone())
+    };
+    assert_eq!(busy_in("a"), Some(serde_json::json!(["m"])), "{state}");
+    assert_eq!(busy_in("b"), Some(serde_json::json!([])), "{state}");
     // Load drops: back in rotation at once.
     push(&p, r#"{"worker_id":"a","active_decode_blocks":10}"#);
     let _ = statuses(&p, 10);

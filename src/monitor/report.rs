@@ -36,27 +36,40 @@ pub struct RankReport {
 impl Monitor {
     /// One report per configured worker, effective loads as the busy rule sees them now.
     pub fn report(&self, snap: &Snapshot, now: u64) -> Vec<WorkerReport> {
+        // Each worker's busy models, from one pass over the members (not one per worker:
+        // a front door has thousands).
+        let published = self.published();
+        let mut busy_in: Vec<Vec<String>> = vec![Vec::new(); snap.workers.len()];
+        for m in snap.models.iter() {
+            for mm in m
+                .members
+                .iter()
+                .filter(|mm| published.is_busy(m.class, mm.id))
+            {
+                let Some(models) = busy_in.get_mut(mm.worker as usize) else {
+                    continue;
+                };
+                if models.last().is_none_or(|last| **last != *m.name) {
+                    models.push(m.name.to_string());
+                }
+            }
+        }
         snap.workers
             .iter()
-            .map(|w| self.report_one(snap, w, now))
+            .zip(busy_in)
+            .map(|(w, busy_in)| self.report_one(snap, w, busy_in, now))
             .collect()
     }
 
-    fn report_one(&self, snap: &Snapshot, w: &Worker, now: u64) -> WorkerReport {
+    fn report_one(
+        &self,
+        snap: &Snapshot,
+        w: &Worker,
+        busy_in: Vec<String>,
+        now: u64,
+    ) -> WorkerReport {
         let empty = WorkerLoad::default();
         let load = self.table.workers.get(&w.state.slot).unwrap_or(&empty);
-        let published = self.published();
-        let busy_in = snap
-            .models
-            .iter()
-            .filter(|m| {
-                m.members.iter().any(|mm| {
-                    snap.workers[mm.worker as usize].state.slot == w.state.slot
-                        && published.is_busy(m.class, mm.id)
-                })
-            })
-            .map(|m| m.name.to_string())
-            .collect();
         let (slots_in_use, queued) = w.gate.as_ref().map_or((0, 0), |g| g.occupancy());
         let staleness = snap.config.load_staleness_ms;
         WorkerReport {
