@@ -1,7 +1,7 @@
 //! The `etcd` worker source against a real etcd (started here): keys under the prefix
 //! become workers, a deleted or expired key's worker leaves, capacity fields apply, a bad
 //! value is skipped, a reload that keeps the source keeps the members, and an etcd outage
-//! keeps the last good membership while requests go on.
+//! (or a hung etcd) keeps the last good membership while requests go on.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![allow(clippy::disallowed_methods)]
 
@@ -128,6 +128,38 @@ fn etcd_members_come_and_go_and_survive_an_outage() {
     if let Some(problems) = promtool_problems(&metrics(p.admin_addr)) {
         assert!(problems.is_empty(), "{problems:?}");
     }
+}
+
+/// A hung etcd (stopped: its connections stay open, nothing answers) is noticed by the
+/// watch's silence check, the source says it is down, the last good set serves, and the
+/// source comes back when etcd does.
+#[test]
+fn a_hung_etcd_is_noticed_and_its_set_kept() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let a = echo_upstream("a");
+    etcd.put("/w/m/a", &worker_value(&a, "a", ""), 0);
+    let file = ConfigFile::new(&format!("{}{}", test_head(1), config(&etcd, "/w/m/")));
+    let p = proxy_file(&file);
+    eventually("a found", Duration::from_secs(10), || {
+        workers(p.admin_addr) == 1
+    });
+    assert_eq!(gauge(p.admin_addr, "spillway_discovery_up"), 1.0);
+    let errors = gauge(p.admin_addr, "spillway_discovery_errors_total");
+    etcd.pause(true);
+    // 5 s of silence, then a check that gets no answer within 5 s.
+    eventually("source down", Duration::from_secs(25), || {
+        gauge(p.admin_addr, "spillway_discovery_up") == 0.0
+    });
+    assert!(gauge(p.admin_addr, "spillway_discovery_errors_total") > errors);
+    assert_eq!(gauge(p.admin_addr, "spillway_discovery_members"), 1.0);
+    assert_eq!(once(p.data_addr, &chat(MODEL)).text(), r#"{"worker":"a"}"#);
+    etcd.pause(false);
+    eventually("source back", Duration::from_secs(20), || {
+        gauge(p.admin_addr, "spillway_discovery_up") == 1.0
+    });
+    assert_eq!(workers(p.admin_addr), 1);
 }
 
 #[test]

@@ -27,6 +27,10 @@ const ETCD_BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// A watch's changes are reported at most this often (the generation is built at most
 /// every `BUILD_INTERVAL_MS` anyway).
 const REPORT_INTERVAL_MS: u64 = 50;
+/// A watch silent this long gets a check that etcd still answers: a hung etcd, or one
+/// cut off without a reset, sends nothing and closes nothing, and the watch would wait
+/// for it (keeping the last good set, but saying nothing about it) until TCP gave up.
+const WATCH_SILENCE: Duration = Duration::from_secs(5);
 /// How often a task blocked on a watch checks whether it is still current.
 const STALE_CHECK: Duration = Duration::from_millis(500);
 
@@ -213,6 +217,8 @@ async fn etcd_session(
     // When the members changed without being reported yet: changes are reported at most
     // every REPORT_INTERVAL_MS, so a burst of events costs one report, not one each.
     let mut changed_at: Option<u64> = None;
+    // When the watch last proved etcd alive (its events, or an answered check).
+    let mut heard = clock::now();
     loop {
         // One `next()` kept across the inner loop: dropping it mid-read breaks the watch.
         let mut next = std::pin::pin!(watch.next());
@@ -229,8 +235,18 @@ async fn etcd_session(
                     }
                 }
                 _ = stale(control, model, epoch) => return Ok(()),
+                _ = monoio::time::sleep(WATCH_SILENCE.saturating_sub(clock::since(heard))) => {
+                    etcd::check(addr, &host, prefix, ETCD_TIMEOUT).await.map_err(|e| {
+                        format!(
+                            "the watch was silent for {} s and etcd did not answer a check: {e}",
+                            WATCH_SILENCE.as_secs()
+                        )
+                    })?;
+                    heard = clock::now();
+                }
             }
         };
+        heard = clock::now();
         for event in events {
             match event {
                 etcd::Event::Put(kv) => put(&mut members, prefix, &kv).await,

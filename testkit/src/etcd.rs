@@ -103,6 +103,17 @@ impl Etcd {
         let _ = self.child.wait();
     }
 
+    /// Stops (SIGSTOP) or continues (SIGCONT) etcd: stopped, it holds its connections and
+    /// the kernel still accepts new ones, but nothing answers, as with a hung server.
+    pub fn pause(&self, paused: bool) {
+        let signal = if paused { "-STOP" } else { "-CONT" };
+        let status = std::process::Command::new("kill")
+            .args([signal, &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {signal} etcd failed");
+    }
+
     /// `POST path` with a JSON body; the answer's JSON. Panics unless etcd answers 200.
     pub fn call(&self, path: &str, body: &Value) -> Value {
         post(self.addr, path, body).unwrap_or_else(|e| panic!("etcd {path}: {e}"))

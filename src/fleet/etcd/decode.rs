@@ -42,6 +42,17 @@ pub fn range_body(prefix: &str) -> Vec<u8> {
     .into_bytes()
 }
 
+/// `POST /v3/kv/range` body counting the keys under `prefix` (no keys or values sent back).
+pub fn count_body(prefix: &str) -> Vec<u8> {
+    serde_json::json!({
+        "key": STANDARD.encode(prefix_key(prefix)),
+        "range_end": STANDARD.encode(prefix_end(prefix.as_bytes())),
+        "count_only": true,
+    })
+    .to_string()
+    .into_bytes()
+}
+
 /// `POST /v3/watch` body watching `prefix` from `start_revision` (0: from now).
 pub fn watch_body(prefix: &str, start_revision: i64) -> Vec<u8> {
     serde_json::json!({

@@ -75,17 +75,33 @@ pub async fn range_prefix(
     prefix: &str,
     timeout: Duration,
 ) -> Result<(i64, Vec<Kv>), EtcdError> {
-    monoio::time::timeout(timeout, range_once(addr, host, prefix))
+    let body = decode::range_body(prefix);
+    monoio::time::timeout(timeout, range_once(addr, host, &body))
         .await
         .unwrap_or_else(|_| Err(timed_out(addr, timeout)))
+}
+
+/// The store's revision, from a count of the keys under `prefix` (no key or value is
+/// sent back): a cheap check that etcd still answers, within `timeout`.
+pub async fn check(
+    addr: SocketAddr,
+    host: &str,
+    prefix: &str,
+    timeout: Duration,
+) -> Result<i64, EtcdError> {
+    let body = decode::count_body(prefix);
+    monoio::time::timeout(timeout, range_once(addr, host, &body))
+        .await
+        .unwrap_or_else(|_| Err(timed_out(addr, timeout)))
+        .map(|(revision, _)| revision)
 }
 
 async fn range_once(
     addr: SocketAddr,
     host: &str,
-    prefix: &str,
+    body: &[u8],
 ) -> Result<(i64, Vec<Kv>), EtcdError> {
-    let mut conn = Conn::post(addr, host, "/v3/kv/range", &decode::range_body(prefix)).await?;
+    let mut conn = Conn::post(addr, host, "/v3/kv/range", body).await?;
     let head = conn.head().await?;
     if head.status != 200 {
         return Err(conn.status_error(&head).await);

@@ -36,6 +36,10 @@ fn request_bodies() {
     let all: serde_json::Value = serde_json::from_slice(&range_body("")).unwrap();
     assert_eq!(all["key"], b64(b"\0"));
     assert_eq!(all["range_end"], b64(b"\0"));
+    let count: serde_json::Value = serde_json::from_slice(&count_body("/w/")).unwrap();
+    assert_eq!(count["key"], b64(b"/w/"));
+    assert_eq!(count["range_end"], b64(b"/w0"));
+    assert_eq!(count["count_only"], true);
     let watch: serde_json::Value = serde_json::from_slice(&watch_body("/w/", 42)).unwrap();
     let create = &watch["create_request"];
     assert_eq!(create["key"], b64(b"/w/"));
