@@ -228,6 +228,17 @@ fn nats_read(c: &mut Criterion) {
             touched.clear();
         })
     });
+    // The monitor's tick with nothing due: what `Control::tick` runs every
+    // `monitor_interval_ms` (folding tracked load in, stepping the adaptive mode, and the
+    // pass over the members whose entry can change by itself).
+    g.throughput(Throughput::Elements(1));
+    g.bench_function("tick", |b| {
+        b.iter(|| {
+            mon.refresh_tracked(&snap, NOW);
+            black_box(mon.adaptivity.step(&snap, NOW));
+            black_box(mon.publish_due(&shared, &snap, NOW))
+        })
+    });
     g.finish();
 }
 

@@ -34,6 +34,15 @@ impl Adaptivity {
     /// Closes the windows due at `now` and steps the members of adaptive models on those
     /// workers; members of other models go back to 1. Returns whether a scale changed.
     pub fn step(&mut self, snap: &Snapshot, now: u64) -> bool {
+        if snap.config.models.iter().all(|m| m.adaptive.is_none()) {
+            // No adaptive model: no window to keep (one opens when a model turns adaptive)
+            // and every factor is 1.
+            let changed = self.scales.iter().any(|&s| s != 1.0);
+            self.scales.clear();
+            self.windows.clear();
+            self.closed.clear();
+            return changed;
+        }
         self.close_windows(snap, now);
         let mut changed = false;
         for (model, cfg) in snap.models.iter().zip(&snap.config.models) {
@@ -83,5 +92,48 @@ impl Adaptivity {
                 self.windows[slot] = Some(fresh);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::Ordering::Relaxed;
+
+    use super::*;
+    use crate::config::{Config, Overrides};
+
+    fn snap(adaptive: bool) -> Snapshot {
+        let text = format!(
+            "[[models]]\nname = \"m\"\nactive_prefill_tokens_threshold = 100\n{}\
+             [[models.workers]]\nurl = \"http://127.0.0.1:1\"\nname = \"w\"\n",
+            if adaptive {
+                "adaptive_ttft_ms = 20\n"
+            } else {
+                ""
+            }
+        );
+        Snapshot::standalone(Config::parse(&text, &Overrides::default()).unwrap(), 1).unwrap()
+    }
+
+    /// Eight first tokens of `ms` each on the worker's first core.
+    fn first_tokens(s: &Snapshot, ms: u64) {
+        let cell = &s.workers[0].state.tracked[0];
+        cell.ttft_us.fetch_add(8 * ms * 1000, Relaxed);
+        cell.first_tokens.fetch_add(8, Relaxed);
+    }
+
+    #[test]
+    fn a_slow_window_closes_the_scale_and_a_model_no_longer_adaptive_reopens_it() {
+        let (on, mut a) = (snap(true), Adaptivity::default());
+        let member = on.models[0].members[0].id;
+        assert!(!a.step(&on, 0), "the first step only opens the window");
+        first_tokens(&on, 40);
+        assert!(a.step(&on, 10));
+        assert_eq!(a.scale(member), 0.5, "40 ms against 20: halved");
+        // The model is no longer adaptive (a reload): back to 1, then nothing to do.
+        let off = snap(false);
+        assert!(a.step(&off, 20));
+        assert_eq!(a.scale(member), 1.0);
+        assert!(!a.step(&off, 30));
     }
 }
