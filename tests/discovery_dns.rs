@@ -139,3 +139,43 @@ fn srv_records_bring_their_ports() {
     }
     assert!(one.count() >= 3 && two.count() >= 3);
 }
+
+/// A name that stops existing (NXDOMAIN: a Kubernetes headless Service scaled to zero)
+/// keeps its workers for `nxdomain_hold_ms`, the source down meanwhile; then its workers
+/// leave (requests get 503) and the source is up with none; they come back with the name.
+#[test]
+fn a_vanished_name_keeps_its_workers_for_the_hold_then_has_none() {
+    let (a, _b) = pair();
+    let port = a.addr.port();
+    let Some(mut dns) = Dnsmasq::start(&Records::new().host("gone.test", &["127.0.0.2"])) else {
+        return;
+    };
+    let p = proxy(
+        1,
+        &format!(
+            "[[models]]\nname = \"{MODEL}\"\n[models.dns]\nname = \"gone.test\"\nport = {port}\nserver = \"{}\"\ninterval_ms = 100\nnxdomain_hold_ms = 3000\n",
+            dns.addr()
+        ),
+    );
+    let one = vec![format!("127.0.0.2:{port}")];
+    eventually("found", Duration::from_secs(10), || {
+        workers(p.admin_addr) == one
+    });
+    dns.set_hosts(&[]);
+    eventually("source down", Duration::from_secs(10), || {
+        gauge(p.admin_addr, "spillway_discovery_up") == 0.0
+    });
+    // Within the hold: the last good set serves.
+    assert_eq!(workers(p.admin_addr), one);
+    assert_eq!(once(p.data_addr, &chat(MODEL)).status, 200);
+    eventually("the hold ends", Duration::from_secs(15), || {
+        workers(p.admin_addr).is_empty()
+    });
+    assert_eq!(gauge(p.admin_addr, "spillway_discovery_up"), 1.0);
+    assert_eq!(gauge(p.admin_addr, "spillway_discovery_members"), 0.0);
+    assert_eq!(once(p.data_addr, &chat(MODEL)).status, 503);
+    dns.set_hosts(&[("gone.test", "127.0.0.2")]);
+    eventually("back with the name", Duration::from_secs(10), || {
+        workers(p.admin_addr) == one
+    });
+}

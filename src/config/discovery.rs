@@ -16,6 +16,8 @@ use super::*;
 use crate::http::limits::MAX_DP_SIZE;
 
 pub const DEFAULT_DNS_INTERVAL_MS: u64 = 5_000;
+/// How long a name may not exist (NXDOMAIN) before its workers leave: HAProxy's `hold nx`.
+pub const DEFAULT_DNS_NXDOMAIN_HOLD_MS: u64 = 30_000;
 pub const DEFAULT_NATS_PORT: u16 = 4222;
 pub const DEFAULT_NATS_PUBLISH_INTERVAL_MS: u64 = 50;
 
@@ -38,6 +40,9 @@ pub enum DiscoverySource {
         /// `None`: the first nameserver of /etc/resolv.conf.
         server: Option<HostPort>,
         interval_ms: u64,
+        /// A name that does not exist (NXDOMAIN) for this long has no workers (a
+        /// Kubernetes headless Service scaled to zero); until then, the last good set.
+        nxdomain_hold_ms: u64,
     },
     /// The keys under `prefix`, read and then watched.
     Etcd {
@@ -393,6 +398,10 @@ impl Validator<'_> {
                 &d.interval_ms,
                 DEFAULT_DNS_INTERVAL_MS,
             )?,
+            nxdomain_hold_ms: d
+                .nxdomain_hold_ms
+                .as_ref()
+                .map_or(DEFAULT_DNS_NXDOMAIN_HOLD_MS, |v| *v.get_ref()),
         })
     }
 

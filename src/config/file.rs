@@ -66,6 +66,7 @@ pub struct FileDns {
     pub srv: Option<Spanned<bool>>,
     pub server: Option<Spanned<String>>,
     pub interval_ms: Option<Spanned<u64>>,
+    pub nxdomain_hold_ms: Option<Spanned<u64>>,
 }
 
 /// `[models.etcd]`: the model's workers are the keys under a prefix.

@@ -50,11 +50,16 @@ pub async fn supervise(control: Shared) {
                     port,
                     server,
                     interval_ms,
+                    nxdomain_hold_ms,
                 } => {
-                    let interval = Duration::from_millis(interval_ms);
-                    let task =
-                        dns_source(control.clone(), model, epoch, name, port, server, interval);
-                    monoio::spawn(task);
+                    let settings = DnsSettings {
+                        name,
+                        port,
+                        server,
+                        interval: Duration::from_millis(interval_ms),
+                        nxdomain_hold: Duration::from_millis(nxdomain_hold_ms),
+                    };
+                    monoio::spawn(dns_source(control.clone(), model, epoch, settings));
                 }
                 DiscoverySource::Etcd { endpoints, prefix } => {
                     monoio::spawn(etcd_source(
@@ -80,21 +85,51 @@ fn report(control: &Shared, model: &str, epoch: u64, result: Result<Members, Str
     control.borrow_mut().fleet.update(model, epoch, result)
 }
 
-async fn dns_source(
-    control: Shared,
-    model: String,
-    epoch: u64,
+/// A `dns` source's settings (`[models.dns]`).
+struct DnsSettings {
     name: String,
     port: Option<u16>,
     server: Option<HostPort>,
     interval: Duration,
-) {
+    nxdomain_hold: Duration,
+}
+
+async fn dns_source(control: Shared, model: String, epoch: u64, s: DnsSettings) {
+    // Since when the name has not existed (NXDOMAIN at every resolution).
+    let mut missing_since: Option<std::time::Instant> = None;
+    // The hold ended and the name's workers left.
+    let mut gone = false;
     while current(&control, &model, epoch) {
-        let result = dns_members(&name, port, server.as_ref()).await;
+        let result = match dns_members(&s.name, s.port, s.server.as_ref()).await {
+            Err(dns::DnsError::NoSuchName { name }) => {
+                let since = *missing_since.get_or_insert_with(clock::now);
+                let hold_ms = s.nxdomain_hold.as_millis() as u64;
+                if clock::since(since) < s.nxdomain_hold {
+                    Err(format!(
+                        "`{name}` does not exist (NXDOMAIN); its workers stay for up to nxdomain_hold_ms = {hold_ms}"
+                    ))
+                } else {
+                    // An answer: the name has no workers (a headless Service scaled to zero).
+                    if !std::mem::replace(&mut gone, true) {
+                        tracing::warn!(
+                            model,
+                            name,
+                            hold_ms,
+                            "the name has not existed for nxdomain_hold_ms: its workers leave"
+                        );
+                    }
+                    Ok(Members::new())
+                }
+            }
+            other => {
+                (missing_since, gone) = (None, false);
+                other.map_err(|e| e.to_string())
+            }
+        };
         if !report(&control, &model, epoch, result) {
             return;
         }
-        monoio::time::sleep(interval).await;
+        monoio::time::sleep(s.interval).await;
     }
 }
 
@@ -103,12 +138,15 @@ async fn dns_members(
     name: &str,
     port: Option<u16>,
     server: Option<&HostPort>,
-) -> Result<Members, String> {
+) -> Result<Members, dns::DnsError> {
     let server = match server.and_then(HostPort::literal) {
         Some(s) => s,
         None => match monoio::spawn_blocking(dns::system_server).await {
-            Ok(r) => r.map_err(|e| e.to_string())?,
-            Err(_) => return Err("reading /etc/resolv.conf was cancelled".into()),
+            Ok(r) => r?,
+            Err(_) => {
+                let why = "reading /etc/resolv.conf was cancelled";
+                return Err(dns::DnsError::Other(why.into()));
+            }
         },
     };
     let endpoint = |a: SocketAddr| HostPort {
@@ -117,18 +155,14 @@ async fn dns_members(
     };
     match port {
         Some(port) => {
-            let addrs = dns::lookup_addrs(server, name, port, DNS_TIMEOUT)
-                .await
-                .map_err(|e| e.to_string())?;
+            let addrs = dns::lookup_addrs(server, name, port, DNS_TIMEOUT).await?;
             Ok(addrs
                 .into_iter()
                 .map(|a| Arc::new((Found::at(endpoint(a)), a)))
                 .collect())
         }
         None => {
-            let targets = dns::lookup_srv(server, name, DNS_TIMEOUT)
-                .await
-                .map_err(|e| e.to_string())?;
+            let targets = dns::lookup_srv(server, name, DNS_TIMEOUT).await?;
             Ok(targets
                 .into_iter()
                 .map(|t| {

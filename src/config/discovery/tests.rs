@@ -19,9 +19,18 @@ fn sources_parse() {
             port: Some(8000),
             server: Some(HostPort::parse("127.0.0.1:5353").unwrap()),
             interval_ms: DEFAULT_DNS_INTERVAL_MS,
+            nxdomain_hold_ms: DEFAULT_DNS_NXDOMAIN_HOLD_MS,
         }
     );
     assert_eq!(d.template.engine_request_limit, Some(4));
+    let held = parse(&DNS.replace("port = 8000\n", "port = 8000\nnxdomain_hold_ms = 0\n")).unwrap();
+    let DiscoverySource::Dns {
+        nxdomain_hold_ms, ..
+    } = &held.models[0].discovery.as_ref().unwrap().source
+    else {
+        panic!("dns")
+    };
+    assert_eq!(*nxdomain_hold_ms, 0);
     assert_eq!(d.template.dp_size, 2);
     assert!(c.models[0].workers.is_empty() && c.workers.is_empty());
     let srv = parse(&DNS.replace(
