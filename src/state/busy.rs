@@ -124,16 +124,7 @@ impl BusySet {
 
     /// Clears a member's entry (not busy for any class, load 0).
     pub fn clear_member(&mut self, member_id: u32) {
-        let (w, mask) = ((member_id / 64) as usize, !(1u64 << (member_id % 64)));
-        for c in 0..3 {
-            if let Some(word) = self.busy[c].get_mut(w) {
-                *word &= mask;
-            }
-            self.why[c].set(member_id as usize, None);
-        }
-        if let Some(l) = self.load.get_mut(member_id as usize) {
-            *l = 0;
-        }
+        self.set_member(member_id, ([None; 3], 0));
     }
 
     /// Empties the set, keeping its storage.

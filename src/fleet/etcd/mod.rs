@@ -75,10 +75,7 @@ pub async fn range_prefix(
     prefix: &str,
     timeout: Duration,
 ) -> Result<(i64, Vec<Kv>), EtcdError> {
-    let body = decode::range_body(prefix);
-    monoio::time::timeout(timeout, range_once(addr, host, &body))
-        .await
-        .unwrap_or_else(|_| Err(timed_out(addr, timeout)))
+    range(addr, host, &decode::range_body(prefix), timeout).await
 }
 
 /// The store's revision, from a count of the keys under `prefix` (no key or value is
@@ -89,11 +86,20 @@ pub async fn check(
     prefix: &str,
     timeout: Duration,
 ) -> Result<i64, EtcdError> {
-    let body = decode::count_body(prefix);
-    monoio::time::timeout(timeout, range_once(addr, host, &body))
+    let (revision, _) = range(addr, host, &decode::count_body(prefix), timeout).await?;
+    Ok(revision)
+}
+
+/// One `POST /v3/kv/range` with `body`, the whole exchange within `timeout`.
+async fn range(
+    addr: SocketAddr,
+    host: &str,
+    body: &[u8],
+    timeout: Duration,
+) -> Result<(i64, Vec<Kv>), EtcdError> {
+    monoio::time::timeout(timeout, range_once(addr, host, body))
         .await
         .unwrap_or_else(|_| Err(timed_out(addr, timeout)))
-        .map(|(revision, _)| revision)
 }
 
 async fn range_once(
