@@ -162,10 +162,14 @@ pub(super) async fn relay<F: Future<Output = ReadDone>>(
                 tracked.generated(events);
             }
         }
+        if done {
+            // Before the last write, so a client that has the whole response finds it
+            // counted (the tokens were generated whether or not that write lands).
+            observe_output(cells, &usage, timing.stream, all_events);
+        }
         write_piece(c, cf, take, done).await?;
         c.io.rbuf.drain(..take);
         if done {
-            observe_output(cells, &usage, timing.stream, all_events);
             // Bytes past the end of the message: the connection is out of step; drop it.
             return Ok(resp.reusable
                 && !eof
