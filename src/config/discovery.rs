@@ -73,6 +73,10 @@ pub struct NatsConfig {
     /// Publish as one worker of this name whose ranks are this Spillway's workers' ranks
     /// in order (a node edge seen by a front door); `None`: each worker as itself.
     pub publish_as: Option<String>,
+    /// Subject on which front-door replicas share what each routed: this Spillway
+    /// publishes its own routed load there every `publish_interval_ms` and folds its
+    /// peers' into the `tracked` source.
+    pub replica_sync: Option<String>,
 }
 
 /// A worker a source found: its name, endpoint and what it says of its capacity.
@@ -277,13 +281,30 @@ impl Validator<'_> {
             Some(s) => Ok(Some(s.get_ref().clone())),
             None => Ok(None),
         };
-        let (subscribe, publish) = (
+        let (subscribe, publish, replica_sync) = (
             subject("subscribe", &n.subscribe)?,
             subject("publish", &n.publish)?,
+            subject("replica_sync", &n.replica_sync)?,
         );
-        if subscribe.is_none() && publish.is_none() {
-            let msg = "set `subscribe`, `publish` or both";
+        if subscribe.is_none() && publish.is_none() && replica_sync.is_none() {
+            let msg = "set at least one of `subscribe`, `publish` and `replica_sync`";
             return self.err("nats", Some(n.url.span()), msg);
+        }
+        if let Some(sync) = &replica_sync {
+            let span = n.replica_sync.as_ref().map(|s| s.span());
+            if sync.split('.').any(|t| t == "*" || t == ">") {
+                let msg = "must be one subject, without wildcards (every replica publishes to it)";
+                return self.err("nats.replica_sync", span, msg);
+            }
+            let clash = [(&subscribe, "subscribe"), (&publish, "publish")]
+                .into_iter()
+                .find_map(|(s, key)| s.as_ref().filter(|s| subject_matches(s, sync)).map(|_| key));
+            if let Some(key) = clash {
+                let msg = format!(
+                    "`{sync}` is within `nats.{key}`: routed load and load events need subjects of their own"
+                );
+                return self.err("nats.replica_sync", span, msg);
+            }
         }
         if let (Some(sub), Some(publ)) = (&subscribe, &publish)
             && subject_matches(sub, publ)
@@ -310,6 +331,7 @@ impl Validator<'_> {
                 DEFAULT_NATS_PUBLISH_INTERVAL_MS,
             )?,
             publish_as,
+            replica_sync,
         }))
     }
 

@@ -55,6 +55,7 @@ pub struct FileNats {
     pub publish: Option<Spanned<String>>,
     pub publish_interval_ms: Option<Spanned<u64>>,
     pub publish_as: Option<Spanned<String>>,
+    pub replica_sync: Option<Spanned<String>>,
 }
 
 /// `[models.dns]`: the model's workers are the addresses a name resolves to.

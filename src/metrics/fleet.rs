@@ -2,7 +2,7 @@
 //! (`spillway_nats_*`).
 
 use super::families::{Families, labels};
-use crate::monitor::Control;
+use crate::monitor::{Control, Fleet, NatsRole};
 
 pub(super) fn families(f: &mut Families, control: &Control) {
     let fleet = &control.fleet;
@@ -44,10 +44,7 @@ pub(super) fn families(f: &mut Families, control: &Control) {
     f.gauge(
         "spillway_nats_connected",
         "Whether the NATS connection of each role is up",
-        [
-            (labels(&[("role", "subscribe")]), c(n.subscribed)),
-            (labels(&[("role", "publish")]), c(n.publishing)),
-        ],
+        NatsRole::ALL.map(|r| (labels(&[("role", r.label())]), c(n.is_up(r)))),
     );
     f.counter(
         "spillway_nats_messages_total",
@@ -74,5 +71,27 @@ pub(super) fn families(f: &mut Families, control: &Control) {
         "spillway_nats_errors_total",
         "NATS connections that failed or were lost",
         [(Vec::new(), n.errors as f64)],
+    );
+    if n.config.as_ref().is_some_and(|c| c.replica_sync.is_some()) {
+        replica_sync(f, fleet, control.monitor.peers.peers());
+    }
+}
+
+/// `spillway_nats_replica_*`: the replica sync's traffic and the peers it hears.
+fn replica_sync(f: &mut Families, fleet: &Fleet, peers: usize) {
+    let n = &fleet.nats;
+    f.counter(
+        "spillway_nats_replica_messages_total",
+        "Routed-load messages between front-door replicas: peers' applied, refused as invalid, this replica's published",
+        [
+            (labels(&[("direction", "received")]), n.peer_received as f64),
+            (labels(&[("direction", "invalid")]), n.peer_invalid as f64),
+            (labels(&[("direction", "published")]), n.peer_published as f64),
+        ],
+    );
+    f.gauge(
+        "spillway_nats_replica_peers",
+        "Peer replicas heard from within their silence limit (their routed load counts here)",
+        [(Vec::new(), peers as f64)],
     );
 }

@@ -6,16 +6,21 @@
 //! turns stale). Publishing, every interval this Spillway's workers' effective load goes
 //! out as one array: each worker as itself, or (with
 //! `publish_as`) as one worker whose ranks are all its workers' ranks, the way a front
-//! door sees a node edge.
+//! door sees a node edge. With `replica_sync`, front-door replicas share what each routed:
+//! every interval this replica publishes its own routed load (its cores' tracked cells,
+//! never what it heard) and applies its peers' ([`super::peers`]).
 
 use std::cell::RefCell;
 use std::rc::Rc;
 use std::time::Duration;
 
+use ring::rand::{SecureRandom, SystemRandom};
 use serde::Serialize;
 
 use super::Control;
+use super::fleet::NatsRole;
 use super::load::parse_events;
+use super::peers::{PEER_SILENCE_INTERVALS, RoutedEntry, RoutedMessage};
 use crate::config::{HostPort, NatsConfig};
 use crate::fleet::nats::{Publisher, Subscriber};
 use crate::runtime::clock;
@@ -125,11 +130,83 @@ impl Control {
         }
         serde_json::to_vec(&events).unwrap_or_default()
     }
+
+    /// Applies a peer replica's routed load (this replica's own, echoed, is skipped;
+    /// workers this Spillway does not have are too). The tick folds it in.
+    pub fn apply_routed(&mut self, payload: &[u8]) {
+        let n = &mut self.fleet.nats;
+        let msg = match RoutedMessage::parse(payload) {
+            Ok(m) => m,
+            Err(e) => {
+                n.peer_invalid += 1;
+                return tracing::debug!(error = %e, "NATS message is not a replica's routed load");
+            }
+        };
+        if *msg.replica == *self.fleet.replica_id {
+            return;
+        }
+        n.peer_received += 1;
+        let interval = n.config.as_ref().map_or(0, |c| c.publish_interval_ms);
+        let until = clock::now_ms() + PEER_SILENCE_INTERVALS * interval;
+        let snap = self.shared.snapshot.load_full();
+        let routed = msg.routed.iter().filter_map(|e| {
+            let w = snap.worker_named(&e.worker_id)?;
+            Some((w.state.slot, e.load()))
+        });
+        let known = self.monitor.peers.peers();
+        self.monitor.peers.replace(&msg.replica, routed, until);
+        if self.monitor.peers.peers() > known {
+            tracing::info!(peer = %msg.replica, "a peer replica shares its routed load");
+        }
+    }
+
+    /// What this replica routed and has not finished, per worker (non-zero only), as
+    /// its peers read it.
+    pub fn routed_message(&self) -> Vec<u8> {
+        let snap = self.shared.snapshot.load_full();
+        let routed = snap
+            .workers
+            .iter()
+            .filter_map(|w| {
+                let load = w.state.routed_totals();
+                (load != Default::default()).then(|| RoutedEntry::new(&w.cfg.name, load))
+            })
+            .collect();
+        let msg = RoutedMessage {
+            replica: self.fleet.replica_id.as_str().into(),
+            routed,
+        };
+        serde_json::to_vec(&msg).unwrap_or_default()
+    }
+}
+
+/// A fresh id for this process among front-door replicas: 64 random bits in hex.
+fn new_replica_id() -> String {
+    let mut bytes = [0u8; 8];
+    // Without the system's random source, the process id and the time still differ
+    // between replicas.
+    if SystemRandom::new().fill(&mut bytes).is_err() {
+        let fallback = u64::from(std::process::id()) << 32 ^ clock::now_ms();
+        bytes = fallback.to_le_bytes();
+    }
+    format!("{:016x}", u64::from_le_bytes(bytes))
+}
+
+/// What a NATS connection carries.
+#[derive(Debug, Clone, Copy)]
+enum Feed {
+    /// Load events (`subscribe`, `publish`).
+    Load,
+    /// Replicas' routed load (`replica_sync`).
+    Routed,
 }
 
 /// Starts the NATS tasks when `[nats]` is set and they are not running.
 pub(super) fn start(control: &Shared) {
     let mut c = control.borrow_mut();
+    if c.fleet.replica_id.is_empty() {
+        c.fleet.replica_id = new_replica_id();
+    }
     let n = &mut c.fleet.nats;
     let Some(cfg) = n.config.clone().filter(|_| !n.running) else {
         return;
@@ -137,16 +214,85 @@ pub(super) fn start(control: &Shared) {
     n.running = true;
     let epoch = n.epoch;
     drop(c);
-    if let Some(subject) = cfg.subscribe.clone() {
+    let task = |role, feed, subject: &String| Task {
+        control: control.clone(),
+        epoch,
+        role,
+        feed,
+        subject: subject.clone(),
+    };
+    if let Some(subject) = &cfg.subscribe {
         monoio::spawn(subscribe(
-            control.clone(),
-            epoch,
+            task(NatsRole::Subscribe, Feed::Load, subject),
             cfg.server.clone(),
-            subject,
         ));
     }
-    if let Some(subject) = cfg.publish.clone() {
-        monoio::spawn(publish(control.clone(), epoch, cfg, subject));
+    if let Some(subject) = &cfg.publish {
+        monoio::spawn(publish(
+            task(NatsRole::Publish, Feed::Load, subject),
+            cfg.clone(),
+        ));
+    }
+    if let Some(subject) = &cfg.replica_sync {
+        let id = control.borrow().fleet.replica_id.clone();
+        tracing::info!(replica = %id, subject, "sharing routed load with peer replicas over NATS");
+        let sub = task(NatsRole::PeerSubscribe, Feed::Routed, subject);
+        monoio::spawn(subscribe(sub, cfg.server.clone()));
+        monoio::spawn(publish(
+            task(NatsRole::PeerPublish, Feed::Routed, subject),
+            cfg.clone(),
+        ));
+    }
+}
+
+/// One NATS connection's task: what it is for and the settings' epoch it runs under.
+struct Task {
+    control: Shared,
+    epoch: u64,
+    role: NatsRole,
+    feed: Feed,
+    subject: String,
+}
+
+impl Task {
+    fn current(&self) -> bool {
+        current(&self.control, self.epoch)
+    }
+
+    fn set_up(&self, up: bool) -> bool {
+        self.control.borrow_mut().fleet.nats.set_up(self.role, up)
+    }
+
+    /// Logs and counts a failed session, once per outage.
+    fn failed(&self, was_up: bool, e: &str) {
+        let mut c = self.control.borrow_mut();
+        if c.fleet.nats.epoch == self.epoch {
+            c.fleet.nats.errors += 1;
+        }
+        let role = self.role.label();
+        if was_up {
+            tracing::warn!(role, error = %e, "NATS connection lost; reconnecting");
+        } else {
+            tracing::debug!(role, error = %e, "NATS connection failed; retrying");
+        }
+    }
+
+    /// Runs `session` again after each failure, with backoff, while the epoch is current.
+    async fn supervise<F: Future<Output = Result<(), String>>>(&self, session: impl Fn() -> F) {
+        let mut backoff = BACKOFF;
+        while self.current() {
+            let result = session().await;
+            let was_up = self.set_up(false);
+            match result {
+                Ok(()) => return,
+                Err(e) => self.failed(was_up, &e),
+            }
+            if was_up {
+                backoff = BACKOFF;
+            }
+            monoio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
     }
 }
 
@@ -160,89 +306,64 @@ async fn stale(control: &Shared, epoch: u64) {
     }
 }
 
-/// Logs and counts a failed session, once per outage.
-fn failed(control: &Shared, epoch: u64, role: &str, was_up: bool, e: &str) {
-    let mut c = control.borrow_mut();
-    if c.fleet.nats.epoch == epoch {
-        c.fleet.nats.errors += 1;
-    }
-    if was_up {
-        tracing::warn!(role, error = %e, "NATS connection lost; reconnecting");
-    } else {
-        tracing::debug!(role, error = %e, "NATS connection failed; retrying");
-    }
+async fn subscribe(task: Task, server: HostPort) {
+    let session = || async {
+        let (control, subject) = (&task.control, &task.subject);
+        let addr = lookup_off_loop(&server).await.map_err(|e| e.to_string())?;
+        let mut sub = Subscriber::connect(addr, CLIENT_NAME, subject, CONNECT_TIMEOUT)
+            .await
+            .map_err(|e| e.to_string())?;
+        task.set_up(true);
+        tracing::info!(server = %server, subject, role = task.role.label(), "subscribed over NATS");
+        loop {
+            let msg = monoio::select! {
+                m = sub.next() => m.map_err(|e| e.to_string())?,
+                _ = stale(control, task.epoch) => return Ok(()),
+            };
+            let mut c = control.borrow_mut();
+            match task.feed {
+                Feed::Load => {
+                    c.apply_nats(&msg.payload);
+                    // Messages that came in one read are applied together, then published.
+                    if !sub.buffered() {
+                        c.flush_nats();
+                    }
+                }
+                Feed::Routed => c.apply_routed(&msg.payload),
+            }
+        }
+    };
+    task.supervise(session).await;
 }
 
-async fn subscribe(control: Shared, epoch: u64, server: HostPort, subject: String) {
-    let mut backoff = BACKOFF;
-    while current(&control, epoch) {
-        let session = async {
-            let addr = lookup_off_loop(&server).await.map_err(|e| e.to_string())?;
-            let mut sub = Subscriber::connect(addr, CLIENT_NAME, &subject, CONNECT_TIMEOUT)
-                .await
-                .map_err(|e| e.to_string())?;
-            control.borrow_mut().fleet.nats.subscribed = true;
-            tracing::info!(server = %server, subject, "subscribed to load over NATS");
-            loop {
-                let msg = monoio::select! {
-                    m = sub.next() => m.map_err(|e| e.to_string())?,
-                    _ = stale(&control, epoch) => return Ok(()),
-                };
-                let mut c = control.borrow_mut();
-                c.apply_nats(&msg.payload);
-                // Messages that came in one read are applied together, then published.
-                if !sub.buffered() {
-                    c.flush_nats();
+async fn publish(task: Task, cfg: NatsConfig) {
+    let interval = Duration::from_millis(cfg.publish_interval_ms);
+    let session = || async {
+        let (control, subject) = (&task.control, &task.subject);
+        let addr = lookup_off_loop(&cfg.server)
+            .await
+            .map_err(|e| e.to_string())?;
+        let mut p = Publisher::connect(addr, CLIENT_NAME, CONNECT_TIMEOUT)
+            .await
+            .map_err(|e| e.to_string())?;
+        task.set_up(true);
+        tracing::info!(server = %cfg.server, subject, role = task.role.label(), "publishing over NATS");
+        while task.current() {
+            let body = match task.feed {
+                Feed::Load => control.borrow().load_message(cfg.publish_as.as_deref()),
+                Feed::Routed => control.borrow().routed_message(),
+            };
+            p.publish(subject, &body).await.map_err(|e| e.to_string())?;
+            {
+                let n = &mut control.borrow_mut().fleet.nats;
+                match task.feed {
+                    Feed::Load => n.published += 1,
+                    Feed::Routed => n.peer_published += 1,
                 }
             }
-        };
-        let result: Result<(), String> = session.await;
-        let was_up = std::mem::take(&mut control.borrow_mut().fleet.nats.subscribed);
-        match result {
-            Ok(()) => return,
-            Err(e) => failed(&control, epoch, "subscribe", was_up, &e),
+            monoio::time::sleep(interval).await;
         }
-        if was_up {
-            backoff = BACKOFF;
-        }
-        monoio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(BACKOFF_MAX);
-    }
-}
-
-async fn publish(control: Shared, epoch: u64, cfg: NatsConfig, subject: String) {
-    let interval = Duration::from_millis(cfg.publish_interval_ms);
-    let mut backoff = BACKOFF;
-    while current(&control, epoch) {
-        let session = async {
-            let addr = lookup_off_loop(&cfg.server)
-                .await
-                .map_err(|e| e.to_string())?;
-            let mut p = Publisher::connect(addr, CLIENT_NAME, CONNECT_TIMEOUT)
-                .await
-                .map_err(|e| e.to_string())?;
-            control.borrow_mut().fleet.nats.publishing = true;
-            tracing::info!(server = %cfg.server, subject, "publishing load over NATS");
-            while current(&control, epoch) {
-                let body = control.borrow().load_message(cfg.publish_as.as_deref());
-                p.publish(&subject, &body)
-                    .await
-                    .map_err(|e| e.to_string())?;
-                control.borrow_mut().fleet.nats.published += 1;
-                monoio::time::sleep(interval).await;
-            }
-            Ok(())
-        };
-        let result: Result<(), String> = session.await;
-        let was_up = std::mem::take(&mut control.borrow_mut().fleet.nats.publishing);
-        match result {
-            Ok(()) => return,
-            Err(e) => failed(&control, epoch, "publish", was_up, &e),
-        }
-        if was_up {
-            backoff = BACKOFF;
-        }
-        monoio::time::sleep(backoff).await;
-        backoff = (backoff * 2).min(BACKOFF_MAX);
-    }
+        Ok(())
+    };
+    task.supervise(session).await;
 }

@@ -33,14 +33,46 @@ pub struct SourceState {
     pub updates: u64,
 }
 
+/// What one of the NATS connections is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NatsRole {
+    /// `subscribe`: load events in.
+    Subscribe,
+    /// `publish`: this Spillway's workers' load out.
+    Publish,
+    /// `replica_sync`: the peers' routed load in.
+    PeerSubscribe,
+    /// `replica_sync`: this replica's routed load out.
+    PeerPublish,
+}
+
+impl NatsRole {
+    pub const ALL: [NatsRole; 4] = [
+        NatsRole::Subscribe,
+        NatsRole::Publish,
+        NatsRole::PeerSubscribe,
+        NatsRole::PeerPublish,
+    ];
+
+    /// Its `role` label.
+    pub fn label(self) -> &'static str {
+        match self {
+            NatsRole::Subscribe => "subscribe",
+            NatsRole::Publish => "publish",
+            NatsRole::PeerSubscribe => "replica_subscribe",
+            NatsRole::PeerPublish => "replica_publish",
+        }
+    }
+}
+
 /// Load over NATS: the settings, the tasks' epoch, and counts for `/metrics`.
 #[derive(Debug, Clone, Default)]
 pub struct NatsState {
     pub config: Option<NatsConfig>,
     pub epoch: u64,
     pub running: bool,
-    pub subscribed: bool,
-    pub publishing: bool,
+    /// Whether each role's connection is up ([`NatsRole`] order).
+    pub up: [bool; 4],
     pub received: u64,
     /// Events applied, and events for workers this Spillway does not have.
     pub applied: u64,
@@ -50,6 +82,21 @@ pub struct NatsState {
     pub errors: u64,
     /// Slots of the workers whose load arrived since the last publication.
     pub touched: SlotSet,
+    /// Replica sync: peers' messages applied, refused as invalid; this replica's sent.
+    pub peer_received: u64,
+    pub peer_invalid: u64,
+    pub peer_published: u64,
+}
+
+impl NatsState {
+    pub fn is_up(&self, role: NatsRole) -> bool {
+        self.up[role as usize]
+    }
+
+    /// Marks a role's connection up or down; returns whether it was up.
+    pub fn set_up(&mut self, role: NatsRole, up: bool) -> bool {
+        std::mem::replace(&mut self.up[role as usize], up)
+    }
 }
 
 /// The sources of every model and what they found.
@@ -57,6 +104,8 @@ pub struct NatsState {
 pub struct Fleet {
     pub sources: BTreeMap<String, SourceState>,
     pub nats: NatsState,
+    /// This process's id among front-door replicas (`[nats] replica_sync`), made once.
+    pub replica_id: String,
     pub found: FoundMap,
     next_epoch: u64,
     dirty: bool,

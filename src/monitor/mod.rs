@@ -12,18 +12,18 @@ mod fanout;
 mod fleet;
 mod generation;
 pub mod load;
+pub mod peers;
 mod report;
 pub mod scrape;
 pub mod tasks;
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::Relaxed;
 
 pub use adaptive::Adaptivity;
 pub use control::{Command, Control, ReloadError, reload};
 pub use discover::supervise;
-pub use fleet::{BUILD_INTERVAL_MS, Fleet, SourceState};
+pub use fleet::{BUILD_INTERVAL_MS, Fleet, NatsRole, SourceState};
 use load::{Latches, LoadTable, Timed};
 pub use report::{RankReport, WorkerReport};
 
@@ -53,6 +53,8 @@ pub struct Monitor {
     /// Positions of the workers with the `tracked` source in the snapshot with this
     /// generation (the tick folds only theirs in).
     tracked: (u64, Vec<usize>),
+    /// What peer replicas routed (`[nats] replica_sync`), folded in with the tracked load.
+    pub peers: peers::PeerLoads,
 }
 
 fn file_thresholds(snap: &Snapshot) -> HashMap<String, Thresholds> {
@@ -78,6 +80,7 @@ impl Monitor {
             recheck: Vec::new(),
             slot_index: (0, SlotMap::default()),
             tracked: (0, Vec::new()),
+            peers: peers::PeerLoads::default(),
         }
     }
 
@@ -155,19 +158,26 @@ impl Monitor {
     }
 
     /// Folds what the cores routed and have not finished into the tracked source: sums
-    /// over cores, spread evenly over the worker's ranks. Allocates nothing once warm.
+    /// over cores plus what live peer replicas routed, spread evenly over the worker's
+    /// ranks. Allocates nothing once warm.
     pub fn refresh_tracked(&mut self, snap: &Snapshot, now: u64) {
+        let forgotten = self.peers.expire(now);
+        if forgotten > 0 {
+            tracing::info!(
+                forgotten,
+                left = self.peers.peers(),
+                "peer replicas fell silent"
+            );
+        }
         if self.tracked.0 != snap.generation {
             let at = snap.workers.iter().enumerate();
             let tracked = at.filter(|(_, w)| w.cfg.load_sources.tracked);
             self.tracked = (snap.generation, tracked.map(|(i, _)| i).collect());
         }
         for w in self.tracked.1.iter().filter_map(|&i| snap.workers.get(i)) {
-            let (mut prefill, mut blocks) = (0u64, 0u64);
-            for cell in w.state.tracked.iter() {
-                prefill = prefill.wrapping_add(cell.prefill_tokens.load(Relaxed));
-                blocks = blocks.wrapping_add(cell.decode_blocks.load(Relaxed));
-            }
+            let (here, peers) = (w.state.routed_totals(), self.peers.of(w.state.slot));
+            let prefill = here.prefill_tokens.wrapping_add(peers.prefill_tokens);
+            let blocks = here.decode_blocks.wrapping_add(peers.decode_blocks);
             let load = self.table.worker(w.state.slot);
             let ranks = load.dp_size(&w.cfg) as u64;
             for r in 0..ranks as usize {
@@ -286,7 +296,7 @@ impl Monitor {
                     engine.decode_blocks += decode;
                 }
             }
-            w.state.publish_load(engine);
+            w.state.publish_load(engine, self.peers.of(w.state.slot));
         }
     }
 

@@ -188,9 +188,10 @@ impl WorkerState {
     }
 
     /// The monitor's side of [`Self::kv_load`]: `engine` as reported; the tracked load
-    /// summed over cores now, each core's part remembered.
-    pub fn publish_load(&self, engine: KvLoad) {
-        let (mut prefill, mut decode) = (0u64, 0u64);
+    /// summed over cores now, each core's part remembered, plus what peer replicas
+    /// routed (`peers`).
+    pub fn publish_load(&self, engine: KvLoad, peers: KvLoad) {
+        let (mut prefill, mut decode) = (peers.prefill_tokens, peers.decode_blocks);
         for t in self.tracked.iter() {
             let (p, d) = (
                 t.prefill_tokens.load(Ordering::Relaxed),
@@ -235,6 +236,18 @@ impl WorkerState {
                 us.wrapping_add(t.ttft_us.load(Ordering::Relaxed)),
                 n.wrapping_add(t.first_tokens.load(Ordering::Relaxed)),
             )
+        })
+    }
+
+    /// Sum over cores of the load routed here and not finished (the `tracked` source).
+    pub fn routed_totals(&self) -> KvLoad {
+        self.tracked.iter().fold(KvLoad::default(), |l, t| KvLoad {
+            prefill_tokens: l
+                .prefill_tokens
+                .wrapping_add(t.prefill_tokens.load(Ordering::Relaxed)),
+            decode_blocks: l
+                .decode_blocks
+                .wrapping_add(t.decode_blocks.load(Ordering::Relaxed)),
         })
     }
 
@@ -310,15 +323,26 @@ mod tests {
             (l.prefill_tokens, l.decode_blocks)
         };
         assert_eq!(load(0), (100, 10), "before any publish: this core's own");
-        w.publish_load(KvLoad::default());
+        w.publish_load(KvLoad::default(), KvLoad::default());
         assert_eq!((load(0), load(1)), ((150, 15), (150, 15)));
         set(0, 0, 0);
         assert_eq!(load(0), (50, 5), "core 0 finished: at once for core 0");
         assert_eq!(load(1), (150, 15), "for core 1 at the next publish");
-        w.publish_load(KvLoad {
+        let engine = KvLoad {
             prefill_tokens: 0,
             decode_blocks: 40,
-        });
+        };
+        w.publish_load(engine, KvLoad::default());
         assert_eq!(load(1), (50, 40), "the engine's report when it says more");
+        let peers = KvLoad {
+            prefill_tokens: 30,
+            decode_blocks: 3,
+        };
+        w.publish_load(engine, peers);
+        assert_eq!(
+            load(1),
+            (80, 40),
+            "peer replicas' routed load adds to the tracked"
+        );
     }
 }

@@ -131,10 +131,16 @@ fn nats_settings() {
         ),
         (4300, 20, Some("node-a"))
     );
+    let c = parse("[nats]\nurl = \"127.0.0.1\"\nreplica_sync = \"spillway.routed\"\n").unwrap();
+    let n = c.nats.unwrap();
+    assert_eq!(
+        (n.replica_sync.as_deref(), n.subscribe, n.publish),
+        (Some("spillway.routed"), None, None)
+    );
     let cases: &[(&str, &str)] = &[
         (
             "[nats]\nurl = \"nats://127.0.0.1\"\n",
-            "nats (line 2): set `subscribe`, `publish` or both",
+            "nats (line 2): set at least one of `subscribe`, `publish` and `replica_sync`",
         ),
         (
             "[nats]\nurl = \"nats://\"\nsubscribe = \"a\"\n",
@@ -151,6 +157,18 @@ fn nats_settings() {
         (
             "[nats]\nurl = \"127.0.0.1\"\npublish = \"a\"\npublish_interval_ms = 0\n",
             "nats.publish_interval_ms (line 4): must be greater than 0",
+        ),
+        (
+            "[nats]\nurl = \"127.0.0.1\"\nreplica_sync = \"routed.>\"\n",
+            "nats.replica_sync (line 3): must be one subject, without wildcards",
+        ),
+        (
+            "[nats]\nurl = \"127.0.0.1\"\nsubscribe = \"load.>\"\nreplica_sync = \"load.routed\"\n",
+            "nats.replica_sync (line 4): `load.routed` is within `nats.subscribe`",
+        ),
+        (
+            "[nats]\nurl = \"127.0.0.1\"\npublish = \"x\"\nreplica_sync = \"x\"\n",
+            "nats.replica_sync (line 4): `x` is within `nats.publish`",
         ),
     ];
     for (text, want) in cases {
