@@ -114,23 +114,7 @@ pub(super) async fn relay<F: Future<Output = ReadDone>>(
 ) -> Result<bool, AttemptError> {
     let framing = resp.framing();
     let cf = ClientFraming::for_response(framing, req.client_minor);
-    let keep_client = req.client_keep_alive && cf.allows_keep_alive();
-    // The request in `out` is no longer needed: the response is committed to this worker.
-    let (out, rbuf) = (&mut c.io.out, &mut c.io.rbuf);
-    out.clear();
-    client_response_head(
-        out,
-        rbuf,
-        resp,
-        cf,
-        c.request_id,
-        keep_client,
-        req.client_minor,
-    );
-    rbuf.drain(..resp.head_len);
-    c.trail.status = Some(resp.status);
-    c.trail.bytes_out = out.len() as u64;
-
+    begin(c, req, resp, cf);
     let mut body = Body::new(framing);
     let mut sse = SseCounter::default();
     let mut usage = UsageScanner::default();
@@ -185,6 +169,31 @@ pub(super) async fn relay<F: Future<Output = ReadDone>>(
             Err(Interrupt::Timeout) => return Err(AttemptError::Broken(Outcome::ResponseTimeout)),
         }
     }
+}
+
+/// Puts the client's response head in `out` (the request there is no longer needed: the
+/// response is committed to this worker) and drops the upstream's from `rbuf`.
+fn begin<F: Future<Output = ReadDone>>(
+    c: &mut Client<'_, F>,
+    req: &Outbound<'_>,
+    resp: &ResponseHead,
+    cf: ClientFraming,
+) {
+    let keep_client = req.client_keep_alive && cf.allows_keep_alive();
+    let (out, rbuf) = (&mut c.io.out, &mut c.io.rbuf);
+    out.clear();
+    client_response_head(
+        out,
+        rbuf,
+        resp,
+        cf,
+        c.request_id,
+        keep_client,
+        req.client_minor,
+    );
+    rbuf.drain(..resp.head_len);
+    c.trail.status = Some(resp.status);
+    c.trail.bytes_out = out.len() as u64;
 }
 
 /// `dynamo_frontend_output_sequence_tokens` of a whole response.
