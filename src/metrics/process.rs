@@ -123,6 +123,21 @@ fn busy(f: &mut Families, control: &Control, snap: &Snapshot) {
         "Adaptive mode: the factor on the model's busy thresholds for the worker",
         scales,
     );
+    let overloaded = snap
+        .models
+        .iter()
+        .zip(&snap.config.models)
+        .filter(|(_, cfg)| cfg.adaptive.is_some())
+        .map(|(m, _)| {
+            let on = monitor.adaptivity.is_overloaded(m.id);
+            (labels(&[("model", &m.name)]), f64::from(u8::from(on)))
+        })
+        .collect::<Vec<_>>();
+    f.gauge(
+        "spillway_adaptive_overloaded",
+        "Adaptive mode: 1 while the model refuses a large share of its requests (its TTFT target binds), 0 near capacity (twice the target)",
+        overloaded,
+    );
 }
 
 fn workers(f: &mut Families, snap: &Snapshot, now: u64) {

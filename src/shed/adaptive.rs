@@ -1,9 +1,16 @@
 //! The adaptive mode (Envoy's adaptive concurrency, Dynamo's learned limits): the operator
 //! sets a TTFT target instead of tuning token thresholds by hand; each worker's busy
 //! thresholds are scaled between configured bounds so that its admitted requests' mean
-//! time to first token stays near the target. Near capacity the thresholds open up
-//! (fewer refusals while TTFT is fine); under overload they close (TTFT held). Pure: the
-//! monitor feeds it one window of measurements at a time.
+//! time to first token stays near the target.
+//!
+//! The target binds under overload only. A model that refuses few of its requests is near
+//! capacity: every refusal there is goodput lost (the engines had room for it a moment
+//! later), while the engine slots already bound its TTFT; so there the thresholds close
+//! only past [`NEAR_CAPACITY_SLACK`] times the target. A model that refuses a large share
+//! ([`OVERLOAD_SHARE`] over a [`SHARE_WINDOW_MS`] window) is overloaded: the requests beyond
+//! capacity are refused whatever the thresholds, and the admitted ones' TTFT is what is
+//! left to protect, so the target binds. Pure: the monitor feeds it one window of
+//! measurements at a time.
 
 use serde::Serialize;
 
@@ -15,6 +22,16 @@ pub const WINDOW_MAX_MS: u64 = 1_000;
 /// fast retreat), as a factor.
 const MAX_RISE: f64 = 1.1;
 const MAX_FALL: f64 = 0.5;
+
+/// A model becomes overloaded when it refuses at least this share of its requests in a
+/// window, and stops being so below [`CALM_SHARE`] (hysteresis: a model near the line does
+/// not flap between targets).
+pub const OVERLOAD_SHARE: f64 = 0.2;
+pub const CALM_SHARE: f64 = 0.1;
+/// The window over which a model's refused share is measured.
+pub const SHARE_WINDOW_MS: u64 = 1_000;
+/// Not overloaded, TTFT may reach this many times the target before thresholds close.
+pub const NEAR_CAPACITY_SLACK: f64 = 2.0;
 
 /// A model's adaptive settings.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -33,13 +50,30 @@ impl Adaptive {
     /// The scale after a window whose requests' mean TTFT was `mean_ms` (`None`: no first
     /// token in the window, so nothing says the worker is slow): the gradient
     /// `target / measured`, at most ×1.1 up and ×0.5 down per window, within the bounds.
-    pub fn next_scale(&self, scale: f64, mean_ms: Option<f64>) -> f64 {
+    /// The target is `ttft_ms` when the model is `overloaded`, else
+    /// [`NEAR_CAPACITY_SLACK`] times it.
+    pub fn next_scale(&self, scale: f64, mean_ms: Option<f64>, overloaded: bool) -> f64 {
+        let target = if overloaded {
+            self.ttft_ms
+        } else {
+            self.ttft_ms * NEAR_CAPACITY_SLACK
+        };
         let gradient = match mean_ms {
-            Some(m) if m > 0.0 => (self.ttft_ms / m).clamp(MAX_FALL, MAX_RISE),
+            Some(m) if m > 0.0 => (target / m).clamp(MAX_FALL, MAX_RISE),
             _ => MAX_RISE,
         };
         (scale * gradient).clamp(self.min_scale, self.max_scale)
     }
+}
+
+/// Whether a model is overloaded after a window in which it refused `refused` of the
+/// `routed` requests it got, given whether it was before.
+pub fn overloaded(was: bool, routed: u64, refused: u64) -> bool {
+    if routed == 0 {
+        return false;
+    }
+    let share = refused as f64 / routed as f64;
+    share >= if was { CALM_SHARE } else { OVERLOAD_SHARE }
 }
 
 /// Whether a window opened at `opened_ms` with `samples` first tokens closes at `now_ms`.
@@ -57,24 +91,48 @@ mod tests {
         max_scale: 4.0,
     };
 
-    /// (scale, window mean TTFT, next scale).
-    const STEPS: &[(f64, Option<f64>, f64)] = &[
-        (1.0, Some(50.0), 1.0),   // on target: hold
-        (1.0, Some(25.0), 1.1),   // fast: climb, gently
-        (1.0, None, 1.1),         // no first token: climb
-        (1.0, Some(62.5), 0.8),   // 25 % slow: close by the gradient
-        (1.0, Some(500.0), 0.5),  // far too slow: at most halve
-        (0.3, Some(500.0), 0.25), // never below the bound
-        (3.9, Some(1.0), 4.0),    // never above it
+    /// (scale, window mean TTFT, overloaded, next scale).
+    const STEPS: &[(f64, Option<f64>, bool, f64)] = &[
+        (1.0, Some(50.0), true, 1.0),   // on target: hold
+        (1.0, Some(25.0), true, 1.1),   // fast: climb, gently
+        (1.0, None, true, 1.1),         // no first token: climb
+        (1.0, Some(62.5), true, 0.8),   // 25 % slow: close by the gradient
+        (1.0, Some(500.0), true, 0.5),  // far too slow: at most halve
+        (0.3, Some(500.0), true, 0.25), // never below the bound
+        (3.9, Some(1.0), true, 4.0),    // never above it
+        // Near capacity the target is twice as far.
+        (1.0, Some(62.5), false, 1.1), // slow for the target, fine near capacity: climb
+        (1.0, Some(100.0), false, 1.0), // at twice the target: hold
+        (1.0, Some(125.0), false, 0.8), // past it: close
     ];
 
     #[test]
     fn the_gradient_steps_within_bounds() {
-        for &(scale, mean, want) in STEPS {
-            let got = A.next_scale(scale, mean);
+        for &(scale, mean, overloaded, want) in STEPS {
+            let got = A.next_scale(scale, mean, overloaded);
             assert!(
                 (got - want).abs() < 1e-9,
-                "{scale} {mean:?}: {got} != {want}"
+                "{scale} {mean:?} {overloaded}: {got} != {want}"
+            );
+        }
+    }
+
+    #[test]
+    fn overload_starts_at_a_fifth_refused_and_ends_below_a_tenth() {
+        // (was, routed, refused, is)
+        let cases = [
+            (false, 0, 0, false),
+            (false, 100, 19, false),
+            (false, 100, 20, true),
+            (true, 100, 10, true),
+            (true, 100, 9, false),
+            (true, 0, 0, false),
+        ];
+        for (was, routed, refused, want) in cases {
+            assert_eq!(
+                overloaded(was, routed, refused),
+                want,
+                "{was} {routed} {refused}"
             );
         }
     }

@@ -6,7 +6,7 @@ mod class;
 
 use serde::{Deserialize, Serialize};
 
-pub use adaptive::{Adaptive, window_closes};
+pub use adaptive::{Adaptive, SHARE_WINDOW_MS, overloaded, window_closes};
 pub use class::Class;
 
 /// A model's busy thresholds; each unset by default, each enabling only its own check.
