@@ -117,24 +117,22 @@ impl Adaptivity {
                 (self.shares[i], self.overloaded[i]) = (None, false);
                 continue;
             }
+            let open = self.shares[i];
+            if open.is_some_and(|w| now.saturating_sub(w.opened_ms) < SHARE_WINDOW_MS) {
+                continue;
+            }
+            // The counters are summed over cores only when a window closes (once a second).
             let (routed, refused) = request_totals(model);
-            let fresh = ShareWindow {
+            if let Some(w) = open {
+                let got = routed.wrapping_sub(w.routed);
+                let shed = refused.wrapping_sub(w.refused);
+                self.overloaded[i] = overloaded(self.overloaded[i], got, shed);
+            }
+            self.shares[i] = Some(ShareWindow {
                 routed,
                 refused,
                 opened_ms: now,
-            };
-            match self.shares[i] {
-                Some(w) if now.saturating_sub(w.opened_ms) < SHARE_WINDOW_MS => {}
-                Some(w) => {
-                    let (got, shed) = (
-                        routed.wrapping_sub(w.routed),
-                        refused.wrapping_sub(w.refused),
-                    );
-                    self.overloaded[i] = overloaded(self.overloaded[i], got, shed);
-                    self.shares[i] = Some(fresh);
-                }
-                None => self.shares[i] = Some(fresh),
-            }
+            });
         }
     }
 
