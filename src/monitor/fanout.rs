@@ -192,15 +192,6 @@ fn new_replica_id() -> String {
     format!("{:016x}", u64::from_le_bytes(bytes))
 }
 
-/// What a NATS connection carries.
-#[derive(Debug, Clone, Copy)]
-enum Feed {
-    /// Load events (`subscribe`, `publish`).
-    Load,
-    /// Replicas' routed load (`replica_sync`).
-    Routed,
-}
-
 /// Starts the NATS tasks when `[nats]` is set and they are not running.
 pub(super) fn start(control: &Shared) {
     let mut c = control.borrow_mut();
@@ -214,34 +205,27 @@ pub(super) fn start(control: &Shared) {
     n.running = true;
     let epoch = n.epoch;
     drop(c);
-    let task = |role, feed, subject: &String| Task {
+    let task = |role, subject: &String| Task {
         control: control.clone(),
         epoch,
         role,
-        feed,
         subject: subject.clone(),
     };
     if let Some(subject) = &cfg.subscribe {
         monoio::spawn(subscribe(
-            task(NatsRole::Subscribe, Feed::Load, subject),
+            task(NatsRole::Subscribe, subject),
             cfg.server.clone(),
         ));
     }
     if let Some(subject) = &cfg.publish {
-        monoio::spawn(publish(
-            task(NatsRole::Publish, Feed::Load, subject),
-            cfg.clone(),
-        ));
+        monoio::spawn(publish(task(NatsRole::Publish, subject), cfg.clone()));
     }
     if let Some(subject) = &cfg.replica_sync {
         let id = control.borrow().fleet.replica_id.clone();
         tracing::info!(replica = %id, subject, "sharing routed load with peer replicas over NATS");
-        let sub = task(NatsRole::PeerSubscribe, Feed::Routed, subject);
+        let sub = task(NatsRole::PeerSubscribe, subject);
         monoio::spawn(subscribe(sub, cfg.server.clone()));
-        monoio::spawn(publish(
-            task(NatsRole::PeerPublish, Feed::Routed, subject),
-            cfg.clone(),
-        ));
+        monoio::spawn(publish(task(NatsRole::PeerPublish, subject), cfg.clone()));
     }
 }
 
@@ -249,8 +233,8 @@ pub(super) fn start(control: &Shared) {
 struct Task {
     control: Shared,
     epoch: u64,
+    /// What it is for, and so what it carries: load events or routed load.
     role: NatsRole,
-    feed: Feed,
     subject: String,
 }
 
@@ -321,15 +305,15 @@ async fn subscribe(task: Task, server: HostPort) {
                 _ = stale(control, task.epoch) => return Ok(()),
             };
             let mut c = control.borrow_mut();
-            match task.feed {
-                Feed::Load => {
+            match task.role {
+                NatsRole::PeerSubscribe => c.apply_routed(&msg.payload),
+                _ => {
                     c.apply_nats(&msg.payload);
                     // Messages that came in one read are applied together, then published.
                     if !sub.buffered() {
                         c.flush_nats();
                     }
                 }
-                Feed::Routed => c.apply_routed(&msg.payload),
             }
         }
     };
@@ -349,16 +333,16 @@ async fn publish(task: Task, cfg: NatsConfig) {
         task.set_up(true);
         tracing::info!(server = %cfg.server, subject, role = task.role.label(), "publishing over NATS");
         while task.current() {
-            let body = match task.feed {
-                Feed::Load => control.borrow().load_message(cfg.publish_as.as_deref()),
-                Feed::Routed => control.borrow().routed_message(),
+            let body = match task.role {
+                NatsRole::PeerPublish => control.borrow().routed_message(),
+                _ => control.borrow().load_message(cfg.publish_as.as_deref()),
             };
             p.publish(subject, &body).await.map_err(|e| e.to_string())?;
             {
                 let n = &mut control.borrow_mut().fleet.nats;
-                match task.feed {
-                    Feed::Load => n.published += 1,
-                    Feed::Routed => n.peer_published += 1,
+                match task.role {
+                    NatsRole::PeerPublish => n.peer_published += 1,
+                    _ => n.published += 1,
                 }
             }
             monoio::time::sleep(interval).await;
