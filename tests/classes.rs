@@ -276,6 +276,66 @@ fn the_adaptive_mode_closes_the_thresholds_of_a_slow_worker() {
     assert_eq!(r.json()["threshold"], 250, "{}", r.text());
 }
 
+/// The adaptive mode cuts queue waits short while the model is overloaded (a tenth of the
+/// target), and leaves them to `request_queue_timeout_ms` near capacity.
+#[test]
+fn an_overloaded_adaptive_model_cuts_queue_waits_short() {
+    let held = Held::new("w");
+    let toml = format!(
+        "[classes.sheddable]\nbusy_threshold_scale = 0.5\n\
+         [[models]]\nname = \"m\"\nactive_prefill_tokens_threshold = 1000\n\
+         adaptive_ttft_ms = 20\nadaptive_max_scale = 1\n\
+         [[models.workers]]\nurl = \"{}\"\nname = \"w\"\n\
+         engine_request_limit = 1\nrequest_queue_limit = 2\nrequest_queue_timeout_ms = 60000\n",
+        held.url()
+    );
+    let p = proxy(1, &toml);
+    let overloaded = || gauge(&p, "spillway_adaptive_overloaded{model=\"m\"}");
+    let first = spawn_request(p.data_addr, request(None, "first"));
+    eventually("the first runs", Duration::from_secs(5), || {
+        held.up.count() == 1
+    });
+    // 600 prefill tokens: busy for sheddable requests (over 500), not for standard ones.
+    push_prefill(&p, 600);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let refused = {
+        let (stop, addr) = (stop.clone(), p.data_addr);
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let r = once(addr, &request(Some("sheddable"), "s"));
+                assert_eq!(r.status, 529, "{}", r.text());
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        })
+    };
+    eventually("overloaded", Duration::from_secs(10), || {
+        overloaded() == 1.0
+    });
+    let r = once(p.data_addr, &request(None, "cut short"));
+    assert_eq!(r.status, 529, "{}", r.text());
+    let body = r.json();
+    assert_eq!(body["knob"], "queue_timeout", "{}", r.text());
+    assert_eq!(
+        body["threshold"],
+        2,
+        "a tenth of the 20 ms target: {}",
+        r.text()
+    );
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    refused.join().unwrap();
+    // Near capacity again: a queued request waits for the slot.
+    eventually("near capacity", Duration::from_secs(10), || {
+        overloaded() == 0.0
+    });
+    let waits = spawn_request(p.data_addr, request(None, "waits"));
+    eventually("it waits", Duration::from_secs(5), || {
+        gauge(&p, "dynamo_request_queue{worker=\"w\"}") == 1.0
+    });
+    held.release(2);
+    assert_eq!(first.join().unwrap().status, 200);
+    assert_eq!(waits.join().unwrap().status, 200);
+}
+
 #[test]
 fn adaptive_settings_are_checked() {
     let cases: &[(&str, &str)] = &[

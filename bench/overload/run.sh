@@ -20,6 +20,7 @@
 #
 # Knobs (environment, defaults below): LOADS DURATION WARMUP DRAIN PROMPT_BYTES MAX_TOKENS
 # SHED_N SHED_Q SHED_QTIMEOUT_MS SHED_PREFILL SHED_DECODE PUSH_MS MONITOR_MS HAPROXY_N HAPROXY_QTIMEOUT_MS
+# ADAPTIVE_TTFT_MS ADAPTIVE_MIN ADAPTIVE_MAX ADAPTIVE_Q ADAPTIVE_QTIMEOUT_MS (setup adaptive)
 # SETUPS RESULT_NAME NOTE MAX_SECONDS (watchdog, after installs) BENCH_NICE KEEP_RAW=1 (keep raw data in bench/work).
 # ROUTER_MODE (default least-loaded): the router_mode of every Spillway setup's model, e.g.
 #   ROUTER_MODE=kv RESULT_NAME=overload-kv bench/overload/run.sh
@@ -65,6 +66,11 @@ HAPROXY_QTIMEOUT_MS=${HAPROXY_QTIMEOUT_MS:-50}
 ADAPTIVE_TTFT_MS=${ADAPTIVE_TTFT_MS:-55}  # setup "adaptive": the TTFT target
 ADAPTIVE_MIN=${ADAPTIVE_MIN:-0.25}
 ADAPTIVE_MAX=${ADAPTIVE_MAX:-4}
+# The adaptive setup's queue: its controller counts queue waits in the TTFT it holds, so it
+# may queue; a request waits at two workers at most (one migration), together as long as
+# HAProxy's `timeout queue`.
+ADAPTIVE_Q=${ADAPTIVE_Q:-16}
+ADAPTIVE_QTIMEOUT_MS=${ADAPTIVE_QTIMEOUT_MS:-$HAPROXY_QTIMEOUT_MS}
 CLASS_MIX=${CLASS_MIX:-}                 # NAME:WEIGHT,...; empty: requests carry no class
 CLASS_HEADER=${CLASS_HEADER:-x-spillway-class}
 SHED_EXTRA_TOP=${SHED_EXTRA_TOP:-}       # appended to the shed config's top level
@@ -158,8 +164,13 @@ EOF
     if [[ $shed == shed ]]; then
       echo 'load_sources = ["push", "tracked"]'
       echo "engine_request_limit = $SHED_N"
-      echo "request_queue_limit = $SHED_Q"
-      echo "request_queue_timeout_ms = $SHED_QTIMEOUT_MS"
+      if [[ $1 == adaptive ]]; then
+        echo "request_queue_limit = $ADAPTIVE_Q"
+        echo "request_queue_timeout_ms = $ADAPTIVE_QTIMEOUT_MS"
+      else
+        echo "request_queue_limit = $SHED_Q"
+        echo "request_queue_timeout_ms = $SHED_QTIMEOUT_MS"
+      fi
     fi
   done
 }
@@ -290,6 +301,7 @@ cp "$T/spillway-shed.toml" "$T/shed.toml" 2>/dev/null || true
   --warmup "$WARMUP" --duration "$DURATION" --drain "$DRAIN" --max-tokens "$MAX_TOKENS" \
   --shed-config "$T/spillway-shed.toml" --haproxy-config "$T/haproxy.cfg" \
   --adaptive-knobs "adaptive_ttft_ms = $ADAPTIVE_TTFT_MS, adaptive_min_scale = $ADAPTIVE_MIN, adaptive_max_scale = $ADAPTIVE_MAX" \
+  --adaptive-worker-knobs "request_queue_limit = $ADAPTIVE_Q, request_queue_timeout_ms = $ADAPTIVE_QTIMEOUT_MS" \
   --clk-tck "$(getconf CLK_TCK)" ${CLASS_MIX:+--classes} \
   --shed-knobs "N=$SHED_N Q=$SHED_Q QT=$SHED_QTIMEOUT_MS PREFILL=$SHED_PREFILL DECODE=$SHED_DECODE PUSH=$PUSH_MS MONITOR=$MONITOR_MS HAPROXY_QT=$HAPROXY_QTIMEOUT_MS" \
   --out-md "$RESULTS_DIR/$RESULT_NAME.md" --out-png "$RESULTS_DIR/$RESULT_NAME.png" \

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 
 use super::adaptive::Adaptivity;
 use super::load::{LoadTable, WorkerLoad, max_opt};
+use crate::config::ModelConfig;
 use crate::shed::{Class, RankLoad, Thresholds, Why, rank_why};
 use crate::state::{BusySet, Member, Model, Snapshot};
 use crate::state::{SlotMap, SlotSet};
@@ -53,7 +54,7 @@ pub fn evaluate(
     out: &mut BusySet,
 ) {
     out.clear();
-    for model in snap.models.iter() {
+    for (model, cfg) in snap.models.iter().zip(&snap.config.models) {
         let t = rule
             .thresholds
             .get(&*model.name)
@@ -62,6 +63,7 @@ pub fn evaluate(
         if t.any() {
             out.set_enabled(model.id);
         }
+        out.set_queue_cap_ms(model.id, queue_cap_ms(rule.adaptivity, model.id, cfg));
         for member in model.members.iter() {
             evaluate_member(snap, table, &mut rule, (member, t), now, out);
         }
@@ -84,6 +86,8 @@ pub fn evaluate_due(
     let mut changed = false;
     for (model, cfg) in snap.models.iter().zip(&snap.config.models) {
         let t = model_thresholds(&rule, model);
+        let cap = queue_cap_ms(rule.adaptivity, model.id, cfg);
+        changed |= out.set_queue_cap_ms(model.id, cap);
         for member in model.members.iter() {
             let w = &snap.workers[member.worker as usize];
             let due = cfg.adaptive.is_some()
@@ -98,6 +102,14 @@ pub fn evaluate_due(
         }
     }
     changed
+}
+
+/// The cap on queue waits the adaptive mode sets while the model is overloaded.
+fn queue_cap_ms(adaptivity: &Adaptivity, model_id: u32, cfg: &ModelConfig) -> Option<u64> {
+    let adaptive = cfg
+        .adaptive
+        .filter(|_| adaptivity.is_overloaded(model_id))?;
+    Some(adaptive.overload_queue_cap_ms())
 }
 
 /// Where each worker is a member: slot → (model index, member position), for one

@@ -13,11 +13,13 @@ use crate::runtime::reader::ReadDone;
 use crate::shed::{Class, Knob, Why};
 use crate::state::Worker;
 
-/// A ticket holding an engine slot of `worker` (`None`: the worker has no cap). The ticket
-/// gives the slot back when dropped.
+/// A ticket holding an engine slot of `worker` (`None`: the worker has no cap), after a
+/// wait in its queue of at most its `request_queue_timeout_ms`, or `cap_ms` when less. The
+/// ticket gives the slot back when dropped.
 pub(super) async fn admit<'w, F: Future<Output = ReadDone>>(
     worker: &'w Worker,
     class: Class,
+    cap_ms: Option<u64>,
     reader: &mut Reader<'_, F>,
 ) -> Result<Option<Ticket<'w>>, AttemptError> {
     let Some(gate) = worker.gate.as_deref() else {
@@ -35,7 +37,8 @@ pub(super) async fn admit<'w, F: Future<Output = ReadDone>>(
     if ticket.is_ready() {
         return Ok(Some(ticket));
     }
-    let timeout_ms = worker.cfg.request_queue_timeout_ms;
+    let configured = worker.cfg.request_queue_timeout_ms;
+    let timeout_ms = cap_ms.map_or(configured, |cap| cap.min(configured));
     let wait = Duration::from_millis(timeout_ms);
     let started = clock::now();
     match watched(ticket.ready(), reader, clock::now() + wait).await {

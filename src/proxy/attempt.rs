@@ -39,7 +39,9 @@ pub(super) async fn attempt<F: Future<Output = ReadDone>>(
 ) -> Result<Done, AttemptError> {
     let limits = &req.snap.config.limits;
     let waited = clock::now();
-    let ticket = admit(worker, req.class, &mut c.reader).await;
+    // The adaptive mode cuts queue waits short while the model is overloaded.
+    let cap_ms = ctx.busy.borrow_mut().load().queue_cap_ms(req.model.id);
+    let ticket = admit(worker, req.class, cap_ms, &mut c.reader).await;
     c.trail.queue += clock::since(waited);
     let ticket = ticket?;
     let mut stream = connect_and_send(ctx, worker, &mut c.io.out, limits).await?;

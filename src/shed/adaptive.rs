@@ -22,6 +22,10 @@ pub const WINDOW_MAX_MS: u64 = 1_000;
 /// fast retreat), as a factor.
 const MAX_RISE: f64 = 1.1;
 const MAX_FALL: f64 = 0.5;
+/// Near capacity the thresholds open faster: a refusal there is goodput lost, and a model
+/// that refuses little risks little by opening (after a start, the configured thresholds
+/// reach four times themselves in 4 windows instead of 15).
+const CALM_MAX_RISE: f64 = 1.5;
 
 /// A model becomes overloaded when it refuses at least this share of its requests in a
 /// window, and stops being so below [`CALM_SHARE`] (hysteresis: a model near the line does
@@ -32,6 +36,10 @@ pub const CALM_SHARE: f64 = 0.1;
 pub const SHARE_WINDOW_MS: u64 = 1_000;
 /// Not overloaded, TTFT may reach this many times the target before thresholds close.
 pub const NEAR_CAPACITY_SLACK: f64 = 2.0;
+/// Overloaded, a request waits in a worker's queue at most this share of the target
+/// (CoDel's idea, as in Facebook's RPC queues: a queue that stays full only adds delay, so
+/// under overload its waits are cut short; near capacity it absorbs bursts).
+pub const OVERLOAD_QUEUE_SHARE: f64 = 0.1;
 
 /// A model's adaptive settings.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
@@ -49,20 +57,26 @@ impl Adaptive {
 
     /// The scale after a window whose requests' mean TTFT was `mean_ms` (`None`: no first
     /// token in the window, so nothing says the worker is slow): the gradient
-    /// `target / measured`, at most ×1.1 up and ×0.5 down per window, within the bounds.
+    /// `target / measured`, at most ×0.5 down per window and ×1.1 up, within the bounds.
     /// The target is `ttft_ms` when the model is `overloaded`, else
-    /// [`NEAR_CAPACITY_SLACK`] times it.
+    /// [`NEAR_CAPACITY_SLACK`] times it, approached at up to ×1.5 a window.
     pub fn next_scale(&self, scale: f64, mean_ms: Option<f64>, overloaded: bool) -> f64 {
-        let target = if overloaded {
-            self.ttft_ms
+        let (target, rise) = if overloaded {
+            (self.ttft_ms, MAX_RISE)
         } else {
-            self.ttft_ms * NEAR_CAPACITY_SLACK
+            (self.ttft_ms * NEAR_CAPACITY_SLACK, CALM_MAX_RISE)
         };
         let gradient = match mean_ms {
-            Some(m) if m > 0.0 => (target / m).clamp(MAX_FALL, MAX_RISE),
-            _ => MAX_RISE,
+            Some(m) if m > 0.0 => (target / m).clamp(MAX_FALL, rise),
+            _ => rise,
         };
         (scale * gradient).clamp(self.min_scale, self.max_scale)
+    }
+
+    /// The cap on a request's wait in a worker's queue while the model is overloaded, in
+    /// ms: [`OVERLOAD_QUEUE_SHARE`] of the target, at least 1.
+    pub fn overload_queue_cap_ms(&self) -> u64 {
+        (self.ttft_ms * OVERLOAD_QUEUE_SHARE).ceil().max(1.0) as u64
     }
 }
 
@@ -100,10 +114,13 @@ mod tests {
         (1.0, Some(500.0), true, 0.5),  // far too slow: at most halve
         (0.3, Some(500.0), true, 0.25), // never below the bound
         (3.9, Some(1.0), true, 4.0),    // never above it
-        // Near capacity the target is twice as far.
-        (1.0, Some(62.5), false, 1.1), // slow for the target, fine near capacity: climb
+        // Near capacity the target is twice as far, and the climb faster.
+        (1.0, Some(62.5), false, 1.5), // slow for the target, fine near capacity: climb
+        (1.0, Some(80.0), false, 1.25), // by the gradient
+        (1.0, None, false, 1.5),       // no first token: climb
         (1.0, Some(100.0), false, 1.0), // at twice the target: hold
         (1.0, Some(125.0), false, 0.8), // past it: close
+        (3.0, Some(10.0), false, 4.0), // never above the bound
     ];
 
     #[test]
@@ -115,6 +132,15 @@ mod tests {
                 "{scale} {mean:?} {overloaded}: {got} != {want}"
             );
         }
+    }
+
+    #[test]
+    fn overloaded_queue_waits_are_capped_at_a_tenth_of_the_target() {
+        assert_eq!(A.overload_queue_cap_ms(), 5);
+        let fast = Adaptive { ttft_ms: 4.0, ..A };
+        assert_eq!(fast.overload_queue_cap_ms(), 1, "never 0");
+        let odd = Adaptive { ttft_ms: 55.0, ..A };
+        assert_eq!(odd.overload_queue_cap_ms(), 6, "rounded up");
     }
 
     #[test]

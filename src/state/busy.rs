@@ -1,7 +1,7 @@
-//! The busy set: what the monitor publishes to every core (per model: shedding enabled;
-//! per member and request class: busy and why; per member a load figure for
-//! least-loaded). Immutable once published; each core reads its replica with one atomic
-//! load.
+//! The busy set: what the monitor publishes to every core (per model: shedding enabled,
+//! and the adaptive mode's cap on queue waits while the model is overloaded; per member
+//! and request class: busy and why; per member a load figure for least-loaded).
+//! Immutable once published; each core reads its replica with one atomic load.
 
 use super::cow_chunks::CowChunks;
 use crate::shed::{Class, Why};
@@ -15,6 +15,9 @@ pub struct BusySet {
     pub generation: u64,
     /// Bit per model id: a threshold is configured, so busy members are excluded.
     enabled: Vec<u64>,
+    /// Per model id: the longest a request may wait in a worker's queue, in ms (0: as
+    /// each worker's `request_queue_timeout_ms` says).
+    queue_cap_ms: Vec<u32>,
     /// Per class, bit per member id: the (model, worker) pair is busy for that class.
     busy: [Vec<u64>; 3],
     /// Per member id: load in permille of the fullest known signal (least-loaded ties).
@@ -32,7 +35,10 @@ impl PartialEq for BusySet {
             &v[..n]
         }
         let loads = |v: &[u16]| v.iter().rposition(|l| *l != 0).map_or(0, |i| i + 1);
+        let caps = |v: &[u32]| v.iter().rposition(|c| *c != 0).map_or(0, |i| i + 1);
         trimmed(&self.enabled) == trimmed(&other.enabled)
+            && self.queue_cap_ms[..caps(&self.queue_cap_ms)]
+                == other.queue_cap_ms[..caps(&other.queue_cap_ms)]
             && (0..3).all(|c| {
                 trimmed(&self.busy[c]) == trimmed(&other.busy[c]) && self.why[c] == other.why[c]
             })
@@ -73,6 +79,28 @@ impl BusySet {
 
     pub fn set_enabled(&mut self, model_id: u32) {
         set_bit(&mut self.enabled, model_id);
+    }
+
+    /// The cap on a request's wait in a worker's queue for `model_id`, in ms, if any.
+    #[inline]
+    pub fn queue_cap_ms(&self, model_id: u32) -> Option<u64> {
+        let cap = self.queue_cap_ms.get(model_id as usize).copied();
+        cap.filter(|&c| c != 0).map(u64::from)
+    }
+
+    /// Sets (or with `None` lifts) the model's cap on queue waits; returns whether it
+    /// changed.
+    pub fn set_queue_cap_ms(&mut self, model_id: u32, cap_ms: Option<u64>) -> bool {
+        let cap = cap_ms.map_or(0, |c| c.clamp(1, u64::from(u32::MAX)) as u32);
+        let i = model_id as usize;
+        if self.queue_cap_ms.get(i).copied().unwrap_or(0) == cap {
+            return false;
+        }
+        if self.queue_cap_ms.len() <= i {
+            self.queue_cap_ms.resize(i + 1, 0);
+        }
+        self.queue_cap_ms[i] = cap;
+        true
     }
 
     /// Why a busy member is busy for `class` (`None` for members that are not).
@@ -130,8 +158,35 @@ impl BusySet {
     /// Empties the set, keeping its storage.
     pub fn clear(&mut self) {
         self.enabled.iter_mut().for_each(|w| *w = 0);
+        self.queue_cap_ms.iter_mut().for_each(|c| *c = 0);
         self.busy.iter_mut().flatten().for_each(|w| *w = 0);
         self.load.iter_mut().for_each(|l| *l = 0);
         self.why.iter_mut().for_each(CowChunks::clear);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_queue_cap_is_set_lifted_and_part_of_the_content() {
+        let (mut a, b) = (BusySet::default(), BusySet::default());
+        assert_eq!(a.queue_cap_ms(3), None);
+        assert!(a.set_queue_cap_ms(3, Some(6)));
+        assert!(!a.set_queue_cap_ms(3, Some(6)), "unchanged");
+        assert_eq!((a.queue_cap_ms(3), a.queue_cap_ms(2)), (Some(6), None));
+        assert_ne!(a, b, "a cap is content: the set is published again");
+        assert!(
+            a.set_queue_cap_ms(3, Some(0)),
+            "a cap of 0 ms is 1 ms, never none"
+        );
+        assert_eq!(a.queue_cap_ms(3), Some(1));
+        assert!(a.set_queue_cap_ms(3, None));
+        assert_eq!(a.queue_cap_ms(3), None);
+        assert_eq!(a, b);
+        a.set_queue_cap_ms(1, Some(6));
+        a.clear();
+        assert_eq!(a.queue_cap_ms(1), None);
     }
 }
