@@ -411,6 +411,51 @@ fn tracked_load_alone_trips_the_prefill_threshold_under_a_burst() {
     });
 }
 
+/// A core counts the prefill it routes at once: a burst between two monitor folds finds
+/// the worker busy as soon as what this core sent it crosses the threshold, and the
+/// refusal says so. The monitor folds tracked load only once a minute here.
+#[test]
+fn a_core_sees_its_own_routing_before_the_monitor_folds_it() {
+    let held = Held::new("a");
+    let p = proxy(
+        1,
+        &format!(
+            "monitor_interval_ms = 60000
+[[models]]
+name = \"m\"
+\
+             active_prefill_tokens_threshold = 100
+[[models.workers]]
+url = \"{}\"
+\
+             name = \"a\"
+load_sources = [\"tracked\"]
+",
+            held.url()
+        ),
+    );
+    // 200 bytes of prompt (the quotes count) = 50 tokens each: 100 after two, over it
+    // after three.
+    let body = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(198));
+    let mut sent = Vec::new();
+    for i in 1..=3 {
+        sent.push(spawn_request(p.data_addr, post("/v1/completions", &body)));
+        eventually("forwarded", Duration::from_secs(5), || held.up.count() == i);
+    }
+    let r = once(p.data_addr, &post("/v1/completions", &body));
+    assert_eq!(r.status, 529, "{}", r.text());
+    let why = r.json();
+    assert_eq!(why["knob"], "prefill_tokens", "{}", r.text());
+    assert_eq!(
+        (why["value"].as_f64(), why["threshold"].as_f64()),
+        (Some(150.0), Some(100.0))
+    );
+    held.release(3);
+    for h in sent {
+        assert_eq!(h.join().unwrap().status, 200);
+    }
+}
+
 #[test]
 fn scrape_reads_a_chunked_body_that_arrives_in_pieces() {
     let up = upstream(|s| {

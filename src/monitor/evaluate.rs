@@ -6,9 +6,9 @@ use std::collections::HashMap;
 
 use super::adaptive::Adaptivity;
 use super::load::{LoadTable, WorkerLoad, max_opt};
-use crate::config::ModelConfig;
-use crate::shed::{Class, RankLoad, Thresholds, Why, rank_why};
-use crate::state::{BusySet, Member, Model, Snapshot};
+use crate::config::{ModelConfig, WorkerConfig};
+use crate::shed::{Class, PrefillRoom, RankLoad, Thresholds, Why, rank_why};
+use crate::state::{BusySet, Member, MemberEntry, Model, Snapshot};
 use crate::state::{SlotMap, SlotSet};
 
 /// Decode latches, per request class, member id and rank.
@@ -213,6 +213,7 @@ fn evaluate_member(
     let staleness = snap.config.load_staleness_ms;
     let mut latches = rule.latches.member(member.id, ranks);
     let mut permille = 0u16;
+    let mut max_batched = None;
     // Busy when every rank is: the least busy rank says why.
     let mut why: [Option<Why>; 3] = [None; 3];
     let mut busy = [ranks > 0; 3];
@@ -223,6 +224,7 @@ fn evaluate_member(
         let (l, until) = load.effective_until(r, &w.cfg, now, staleness);
         recheck = recheck.min(until);
         permille = permille.max(load_permille(&l));
+        max_batched = l.max_num_batched_tokens;
         for i in (0..3).filter(|&i| same_as[i] == i) {
             match rank_why(&by_class[i], &l, &mut latches[i][r]) {
                 None => busy[i] = false,
@@ -246,8 +248,28 @@ fn evaluate_member(
         rule.recheck.resize(i + 1, 0);
     }
     rule.recheck[i] = recheck;
-    let entry = Class::ALL.map(|c| busy[c.index()].then_some(why[c.index()]));
-    out.set_member(member.id, (entry, permille))
+    let entry = MemberEntry {
+        busy: Class::ALL.map(|c| busy[c.index()].then_some(why[c.index()])),
+        load: permille,
+        room: prefill_room(load, &w.cfg, ranks, max_batched, &by_class),
+    };
+    out.set_member(member.id, entry)
+}
+
+/// The room a core checks its own routing against: for a one-rank worker whose load
+/// includes the router's tracked load (with more ranks the rank a request lands on is the
+/// engine's choice, so only the monitor judges them).
+fn prefill_room(
+    load: &WorkerLoad,
+    cfg: &WorkerConfig,
+    ranks: usize,
+    max_batched: Option<u64>,
+    by_class: &[Thresholds; 3],
+) -> PrefillRoom {
+    if ranks != 1 || !cfg.load_sources.tracked {
+        return PrefillRoom::default();
+    }
+    PrefillRoom::new(load.tracked_prefill(0), max_batched, by_class)
 }
 
 /// The fullest known signal of a rank, in permille of its capacity (for least-loaded).

@@ -64,6 +64,15 @@ impl WorkerLoad {
         self.dp_size.unwrap_or(cfg.dp_size).max(1) as usize
     }
 
+    /// The router's tracked prefill tokens on a rank (0 when none are known).
+    pub fn tracked_prefill(&self, rank: usize) -> u64 {
+        let tracked = self
+            .ranks
+            .get(rank)
+            .and_then(|r| r.tracked.active_prefill_tokens);
+        tracked.map_or(0, |t| t.value)
+    }
+
     pub fn rank_mut(&mut self, rank: usize) -> &mut RankState {
         if self.ranks.len() <= rank {
             self.ranks.resize_with(rank + 1, RankState::default);

@@ -40,6 +40,9 @@ pub struct CoreCtx {
     pub rng: RefCell<Rng>,
     /// Round-robin position per model id.
     rr: RefCell<Vec<u64>>,
+    /// Per worker slot: the busy-set generation and the prefill tokens this core routed
+    /// to the worker since that set was published (see `shed::PrefillRoom`).
+    routed: RefCell<Vec<(u64, u64)>>,
     pub busy: RefCell<arc_swap::Cache<Arc<ArcSwap<BusySet>>, Arc<BusySet>>>,
     snapshot: RefCell<SnapshotCache>,
     /// Requests being served on this core (a drain waits for zero).
@@ -79,6 +82,7 @@ impl CoreCtx {
             parked: RefCell::new(ParkedConns::default()),
             rng: RefCell::new(Rng::new(seed)),
             rr: RefCell::new(Vec::new()),
+            routed: RefCell::new(Vec::new()),
             busy: RefCell::new(busy),
             snapshot: RefCell::new(SnapshotCache { cache, current }),
             active_requests: Cell::new(0),
@@ -136,6 +140,30 @@ impl CoreCtx {
             .get(model_id as usize)
             .copied()
             .unwrap_or(0)
+    }
+
+    /// Prefill tokens this core routed to the worker in `slot` since busy-set
+    /// `generation` was published.
+    pub fn routed_since(&self, slot: usize, generation: u64) -> u64 {
+        match self.routed.borrow().get(slot) {
+            Some(&(g, tokens)) if g == generation => tokens,
+            _ => 0,
+        }
+    }
+
+    /// Counts `tokens` of prefill routed to the worker in `slot` under busy-set
+    /// `generation` (a newer generation starts the count again: its evaluation saw the
+    /// earlier ones in the tracked load).
+    pub fn note_routed(&self, slot: usize, generation: u64, tokens: u64) {
+        let mut routed = self.routed.borrow_mut();
+        if routed.len() <= slot {
+            routed.resize(slot + 1, (0, 0));
+        }
+        let (g, sum) = &mut routed[slot];
+        if *g != generation {
+            (*g, *sum) = (generation, 0);
+        }
+        *sum = sum.saturating_add(tokens);
     }
 
     pub fn set_rr(&self, model_id: u32, value: u64) {

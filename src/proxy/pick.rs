@@ -1,15 +1,16 @@
 //! Stage: pick a worker. The router (`route::pick`, pure) sees each member's state as
-//! this core's busy replica, the workers' shared marks and this request's own failures
-//! have it; nothing reachable → 503, only busy ones → the overload status.
+//! this core's busy replica, the prefill this core routed since that replica was
+//! published, the workers' shared marks and this request's own failures have it; nothing
+//! reachable → 503, only busy ones → the overload status.
 
 use super::core::CoreCtx;
 use super::error::{Refusal, RequestError};
 use super::request::Outbound;
 use crate::route::{self, DirectRefusal, MemberState, Pick, RouterMode};
 use crate::runtime::clock;
-use crate::shed::{Class, Why};
+use crate::shed::Why;
 use crate::state::counters::{KV_HIT_BUCKETS, OVERHEAD_BUCKETS};
-use crate::state::{BusySet, KvRouting, Model};
+use crate::state::{BusySet, KvRouting};
 
 /// Members this request must not use again: `failed` (connect failures, like down) and
 /// `refused` (worker-local refusals, like busy). Bit i is member i; pools beyond 128
@@ -53,19 +54,18 @@ pub(super) fn pick(
     ex: Excluded,
     now: u64,
 ) -> Result<Picked, RequestError> {
-    let (model, snap, class) = (req.model, req.snap, req.class);
+    let (model, snap) = (req.model, req.snap);
     let mut cache = ctx.busy.borrow_mut();
     let busy = cache.load();
     let shed = busy.enabled(model.id);
     let kv_mode = model.kv.is_some();
+    let why = |i: usize| busy_why(ctx, req, busy, i);
     let state = |i: usize| {
         let m = model.members[i];
         let w = &snap.workers[m.worker as usize].state;
         let mut s = MemberState {
             unreachable: w.is_down(now) || ex.failed & bit(i) != 0,
-            busy: (shed && busy.is_busy(class, m.id))
-                || w.is_overloaded(now)
-                || ex.refused & bit(i) != 0,
+            busy: (shed && why(i).is_some()) || w.is_overloaded(now) || ex.refused & bit(i) != 0,
             inflight: w.inflight_on(ctx.id),
             load: busy.load(m.id),
             ..MemberState::default()
@@ -77,15 +77,20 @@ pub(super) fn pick(
         s
     };
     let n = model.members.len();
-    if model.router_mode == RouterMode::Direct {
-        let member = pick_direct(req, worker_id, busy, state)?;
-        let cached_tokens = 0;
-        return Ok(Picked {
+    let picked = |member: usize, cached_tokens: u64| {
+        let worker = &snap.workers[model.members[member].worker as usize];
+        let prefill = req.prompt_tokens.saturating_sub(cached_tokens);
+        ctx.note_routed(worker.state.slot as usize, busy.generation, prefill);
+        Picked {
             member,
             cached_tokens,
-        });
+        }
+    };
+    if model.router_mode == RouterMode::Direct {
+        let why = |i: usize| why(i).flatten();
+        return Ok(picked(pick_direct(req, worker_id, why, state)?, 0));
     }
-    let (picked, cached_tokens) = if let Some(kv) = model.kv.as_deref() {
+    let (pick_result, cached_tokens) = if let Some(kv) = model.kv.as_deref() {
         pick_kv(ctx, req, kv, prompt, state, now)
     } else {
         let mut rr = ctx.rr(model.id);
@@ -99,27 +104,40 @@ pub(super) fn pick(
         ctx.set_rr(model.id, rr);
         (picked, 0)
     };
-    match picked {
-        Pick::Member(member) => Ok(Picked {
-            member,
-            cached_tokens,
-        }),
-        // Nothing busy by the published set: what excluded the rest were worker-local
+    match pick_result {
+        Pick::Member(member) => Ok(picked(member, cached_tokens)),
+        // Nothing busy by the busy rule: what excluded the rest were worker-local
         // refusals (this request's, or marks since the last publish). Say so.
-        Pick::Overloaded if !(shed && model.members.iter().any(|m| busy.is_busy(class, m.id))) => {
+        Pick::Overloaded if !(shed && (0..n).any(|i| why(i).is_some())) => {
             Err(RequestError::WorkerOverloaded(Refusal::AtCapacity, None))
         }
-        // Every worker busy by the published set: the least busy one says why.
-        Pick::Overloaded => Err(RequestError::Overloaded(least_busy(model, busy, class))),
+        // Every worker busy by the busy rule: the least busy one says why.
+        Pick::Overloaded => Err(RequestError::Overloaded(least_busy(n, |i| {
+            why(i).flatten()
+        }))),
         Pick::Unavailable => Err(RequestError::Unavailable),
     }
 }
 
-/// Direct mode: the member the `x-worker-id` header names, or why not.
+/// Whether member `i` is busy for the request by the busy rule, and why (when known): by
+/// the published set, else by the prefill this core routed there since it was published
+/// (the set's prefill room).
+fn busy_why(ctx: &CoreCtx, req: &Outbound<'_>, busy: &BusySet, i: usize) -> Option<Option<Why>> {
+    let m = req.model.members[i];
+    if busy.is_busy(req.class, m.id) {
+        return Some(busy.why(req.class, m.id));
+    }
+    let slot = req.snap.workers[m.worker as usize].state.slot as usize;
+    let routed = ctx.routed_since(slot, busy.generation);
+    busy.room(m.id).why(req.class, routed).map(Some)
+}
+
+/// Direct mode: the member the `x-worker-id` header names, or why not (`why`: why a
+/// member is busy).
 fn pick_direct(
     req: &Outbound<'_>,
     worker_id: Option<&[u8]>,
-    busy: &BusySet,
+    why: impl Fn(usize) -> Option<Why>,
     state: impl Fn(usize) -> MemberState,
 ) -> Result<usize, RequestError> {
     let (model, snap) = (req.model, req.snap);
@@ -132,9 +150,7 @@ fn pick_direct(
     route::pick_direct(worker_id, model.members.len(), name, state).map_err(|r| match r {
         DirectRefusal::MissingHeader => RequestError::DirectMissingHeader,
         DirectRefusal::UnknownWorker => RequestError::DirectUnknownWorker,
-        DirectRefusal::Busy(i) => {
-            RequestError::DirectBusy(busy.why(req.class, model.members[i].id))
-        }
+        DirectRefusal::Busy(i) => RequestError::DirectBusy(why(i)),
         DirectRefusal::Unreachable => RequestError::Unavailable,
     })
 }
@@ -179,12 +195,10 @@ fn pick_kv(
     (d.pick, u64::from(d.overlap) * block)
 }
 
-/// Why the least busy busy member of `model` is busy for `class` (the one closest to its
-/// threshold).
-fn least_busy(model: &Model, busy: &BusySet, class: Class) -> Option<Why> {
-    model
-        .members
-        .iter()
-        .filter_map(|m| busy.why(class, m.id))
+/// Why the least busy of `n` busy members is busy (the one closest to its threshold), by
+/// `why` of each.
+fn least_busy(n: usize, why: impl Fn(usize) -> Option<Why>) -> Option<Why> {
+    (0..n)
+        .filter_map(why)
         .min_by(|a, b| a.excess().total_cmp(&b.excess()))
 }

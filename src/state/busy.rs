@@ -1,13 +1,21 @@
 //! The busy set: what the monitor publishes to every core (per model: shedding enabled,
 //! and the adaptive mode's cap on queue waits while the model is overloaded; per member
-//! and request class: busy and why; per member a load figure for least-loaded).
+//! and request class: busy and why; per member a load figure for least-loaded, and the
+//! prefill room a core checks its own routing against).
 //! Immutable once published; each core reads its replica with one atomic load.
 
 use super::cow_chunks::CowChunks;
-use crate::shed::{Class, Why};
+use crate::shed::{Class, PrefillRoom, Why};
 
-/// A member's entry: per class, busy (and why, when known) or not; and its load.
-pub type MemberEntry = ([Option<Option<Why>>; 3], u16);
+/// A member's entry.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct MemberEntry {
+    /// Per class: busy (and why, when known) or not.
+    pub busy: [Option<Option<Why>>; 3],
+    /// In permille of the fullest known signal.
+    pub load: u16,
+    pub room: PrefillRoom,
+}
 
 /// The busy set as published: immutable, one per publish, read lock-free by the cores.
 #[derive(Debug, Default, Clone)]
@@ -25,6 +33,8 @@ pub struct BusySet {
     /// Per class and member id, for busy members: which threshold made it busy, and by
     /// how much. In shared chunks: a publication copies only the chunks it changed.
     why: [CowChunks<Option<Why>>; 3],
+    /// Per member id: its worker's prefill room (default: nothing to check).
+    room: CowChunks<PrefillRoom>,
 }
 
 impl PartialEq for BusySet {
@@ -43,6 +53,7 @@ impl PartialEq for BusySet {
                 trimmed(&self.busy[c]) == trimmed(&other.busy[c]) && self.why[c] == other.why[c]
             })
             && self.load[..loads(&self.load)] == other.load[..loads(&other.load)]
+            && self.room == other.room
     }
 }
 
@@ -122,18 +133,29 @@ impl BusySet {
         self.load[i] = permille;
     }
 
-    /// A member's whole entry: busy and why per class, and its load.
+    /// The prefill room of the member's worker (see [`PrefillRoom`]).
+    #[inline]
+    pub fn room(&self, member_id: u32) -> PrefillRoom {
+        self.room.get(member_id as usize)
+    }
+
+    /// A member's whole entry.
     pub fn member(&self, member_id: u32) -> MemberEntry {
         let busy = Class::ALL.map(|c| self.is_busy(c, member_id).then(|| self.why(c, member_id)));
-        (busy, self.load(member_id))
+        MemberEntry {
+            busy,
+            load: self.load(member_id),
+            room: self.room(member_id),
+        }
     }
 
     /// Replaces a member's entry, writing only what differs (a `why` chunk shared with
     /// a published set is copied only when its entry changes); returns whether it did.
-    pub fn set_member(&mut self, member_id: u32, (busy, load): MemberEntry) -> bool {
-        if self.member(member_id) == (busy, load) {
+    pub fn set_member(&mut self, member_id: u32, entry: MemberEntry) -> bool {
+        if self.member(member_id) == entry {
             return false;
         }
+        let MemberEntry { busy, load, room } = entry;
         let (w, bit) = ((member_id / 64) as usize, 1u64 << (member_id % 64));
         for c in Class::ALL {
             match busy[c.index()] {
@@ -147,12 +169,13 @@ impl BusySet {
             }
         }
         self.set_load(member_id, load);
+        self.room.set(member_id as usize, room);
         true
     }
 
-    /// Clears a member's entry (not busy for any class, load 0).
+    /// Clears a member's entry (not busy for any class, load 0, no room to check).
     pub fn clear_member(&mut self, member_id: u32) {
-        self.set_member(member_id, ([None; 3], 0));
+        self.set_member(member_id, MemberEntry::default());
     }
 
     /// Empties the set, keeping its storage.
@@ -162,6 +185,7 @@ impl BusySet {
         self.busy.iter_mut().flatten().for_each(|w| *w = 0);
         self.load.iter_mut().for_each(|l| *l = 0);
         self.why.iter_mut().for_each(CowChunks::clear);
+        self.room.clear();
     }
 }
 

@@ -18,7 +18,7 @@ use arc_swap::ArcSwap;
 use crossbeam_utils::CachePadded;
 
 use crate::tls::Material;
-pub use busy::BusySet;
+pub use busy::{BusySet, MemberEntry};
 pub use counters::CoreCounters;
 pub use registry::Registry;
 pub use snapshot::{KvRouting, Member, Model, Responses, Snapshot, Worker};
