@@ -128,8 +128,10 @@ fn busy_why(ctx: &CoreCtx, req: &Outbound<'_>, busy: &BusySet, i: usize) -> Opti
         return Some(busy.why(req.class, m.id));
     }
     let slot = req.snap.workers[m.worker as usize].state.slot as usize;
-    let routed = ctx.routed_since(slot, busy.generation);
-    busy.room(m.id).why(req.class, routed).map(Some)
+    match ctx.routed_since(slot, busy.generation) {
+        0 => None, // nothing routed since: the published word stands
+        routed => busy.room(m.id).why(req.class, routed).map(Some),
+    }
 }
 
 /// Direct mode: the member the `x-worker-id` header names, or why not (`why`: why a

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 pub use adaptive::{Adaptive, SHARE_WINDOW_MS, overloaded, window_closes};
 pub use class::Class;
-pub use room::{PrefillRoom, prefill_limit};
+pub use room::PrefillRoom;
 
 /// A model's busy thresholds; each unset by default, each enabling only its own check.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
