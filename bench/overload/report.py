@@ -375,7 +375,7 @@ def report(a):
     md.append("")
     md += near_capacity_section(by, loads, setups)
 
-    md += why_section(a, c_per_engine)
+    md += why_section(a, c_per_engine, "adaptive" in setups)
 
     # Configurations.
     md += ["## Configurations", "", "Spillway, shedding on (`spillway-shed.toml`, ports as run):",
@@ -537,8 +537,9 @@ def plot_classes(a, rows, setups, loads):
     fig.savefig(a.out_png, dpi=110)
 
 
-def why_section(a, c_per_engine):
-    """Why the shedding knobs have their values, from the time model and the knobs."""
+def why_section(a, c_per_engine, adaptive):
+    """Why the shedding knobs have their values, from the time model and the knobs
+    (`adaptive`: the adaptive setup ran, so its queue is explained too)."""
     k = dict(kv.split("=", 1) for kv in a.shed_knobs.split()) if a.shed_knobs else {}
     p = a.prompt_bytes // 4
     prefill_ms = p / a.prefill_tps * 1000
@@ -556,14 +557,14 @@ def why_section(a, c_per_engine):
         f"straight to TTFT, and above 1×C a freed slot is refilled within milliseconds by new "
         f"arrivals anyway; {k.get('QT', '?')} ms is a small fraction of a saturated engine step "
         f"({a.step_s * 1000:.0f} ms). Refusals stay fast (see the reject p99 column).")
-    if a.adaptive_worker_knobs:
+    if adaptive and a.adaptive_worker_knobs:
         out.append(
             f"- The adaptive mode's workers queue longer (`{a.adaptive_worker_knobs}`): its "
             "controller counts the queue wait in the TTFT it holds, so a longer queue cannot "
             "let TTFT run away under overload, and near capacity it keeps the requests that "
             "arrive while every slot is taken (slots free in cohorts here, see below) instead "
             "of refusing them. A request that times out at one worker may wait again at the "
-            "other, so two waits at most, as long in all as HAProxy's `timeout queue`.")
+            "other: two waits at most, each as long as HAProxy's `timeout queue` by default.")
     if k.get("PREFILL"):
         out.append(
             f"- `active_prefill_tokens_threshold = {k['PREFILL']}`: one prompt here is {p} tokens, "

@@ -67,8 +67,8 @@ ADAPTIVE_TTFT_MS=${ADAPTIVE_TTFT_MS:-55}  # setup "adaptive": the TTFT target
 ADAPTIVE_MIN=${ADAPTIVE_MIN:-0.25}
 ADAPTIVE_MAX=${ADAPTIVE_MAX:-4}
 # The adaptive setup's queue: its controller counts queue waits in the TTFT it holds, so it
-# may queue; a request waits at two workers at most (one migration), together as long as
-# HAProxy's `timeout queue`.
+# may queue as long as HAProxy's `timeout queue` (at each of two workers at most: one
+# migration).
 ADAPTIVE_Q=${ADAPTIVE_Q:-16}
 ADAPTIVE_QTIMEOUT_MS=${ADAPTIVE_QTIMEOUT_MS:-$HAPROXY_QTIMEOUT_MS}
 CLASS_MIX=${CLASS_MIX:-}                 # NAME:WEIGHT,...; empty: requests carry no class

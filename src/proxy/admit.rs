@@ -14,12 +14,13 @@ use crate::shed::{Class, Knob, Why};
 use crate::state::Worker;
 
 /// A ticket holding an engine slot of `worker` (`None`: the worker has no cap), after a
-/// wait in its queue of at most its `request_queue_timeout_ms`, or `cap_ms` when less. The
-/// ticket gives the slot back when dropped.
+/// wait in its queue of at most its `request_queue_timeout_ms`, or the cap `cap_ms` reads
+/// (asked only when the ticket must wait) when less. The ticket gives the slot back when
+/// dropped.
 pub(super) async fn admit<'w, F: Future<Output = ReadDone>>(
     worker: &'w Worker,
     class: Class,
-    cap_ms: Option<u64>,
+    cap_ms: impl FnOnce() -> Option<u64>,
     reader: &mut Reader<'_, F>,
 ) -> Result<Option<Ticket<'w>>, AttemptError> {
     let Some(gate) = worker.gate.as_deref() else {
@@ -38,7 +39,7 @@ pub(super) async fn admit<'w, F: Future<Output = ReadDone>>(
         return Ok(Some(ticket));
     }
     let configured = worker.cfg.request_queue_timeout_ms;
-    let timeout_ms = cap_ms.map_or(configured, |cap| cap.min(configured));
+    let timeout_ms = cap_ms().map_or(configured, |cap| cap.min(configured));
     let wait = Duration::from_millis(timeout_ms);
     let started = clock::now();
     match watched(ticket.ready(), reader, clock::now() + wait).await {

@@ -40,7 +40,7 @@ pub(super) async fn attempt<F: Future<Output = ReadDone>>(
     let limits = &req.snap.config.limits;
     let waited = clock::now();
     // The adaptive mode cuts queue waits short while the model is overloaded.
-    let cap_ms = ctx.busy.borrow_mut().load().queue_cap_ms(req.model.id);
+    let cap_ms = || ctx.busy.borrow_mut().load().queue_cap_ms(req.model.id);
     let ticket = admit(worker, req.class, cap_ms, &mut c.reader).await;
     c.trail.queue += clock::since(waited);
     let ticket = ticket?;

@@ -40,19 +40,20 @@ pub struct BusySet {
 impl PartialEq for BusySet {
     /// Same content (the generation is not content).
     fn eq(&self, other: &Self) -> bool {
-        fn trimmed(v: &[u64]) -> &[u64] {
-            let n = v.iter().rposition(|w| *w != 0).map_or(0, |i| i + 1);
+        /// Without its trailing defaults (storage grown past the entries in use).
+        fn trimmed<T: Default + PartialEq>(v: &[T]) -> &[T] {
+            let n = v
+                .iter()
+                .rposition(|x| *x != T::default())
+                .map_or(0, |i| i + 1);
             &v[..n]
         }
-        let loads = |v: &[u16]| v.iter().rposition(|l| *l != 0).map_or(0, |i| i + 1);
-        let caps = |v: &[u32]| v.iter().rposition(|c| *c != 0).map_or(0, |i| i + 1);
         trimmed(&self.enabled) == trimmed(&other.enabled)
-            && self.queue_cap_ms[..caps(&self.queue_cap_ms)]
-                == other.queue_cap_ms[..caps(&other.queue_cap_ms)]
+            && trimmed(&self.queue_cap_ms) == trimmed(&other.queue_cap_ms)
             && (0..3).all(|c| {
                 trimmed(&self.busy[c]) == trimmed(&other.busy[c]) && self.why[c] == other.why[c]
             })
-            && self.load[..loads(&self.load)] == other.load[..loads(&other.load)]
+            && trimmed(&self.load) == trimmed(&other.load)
             && self.room == other.room
     }
 }
