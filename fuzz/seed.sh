@@ -6,9 +6,9 @@
 # tests/shedding.rs, the bodies of tests/busy_threshold.rs and the exposition texts of
 # src/monitor/scrape.rs. Seeds only; what libFuzzer finds is not kept.
 #
-# Inputs of the stream targets (chunked, codec) start with two control bytes that say how
-# the stream is cut (fuzz/src/lib.rs, `Pieces`): "E0" cuts it into pieces of 1..16 bytes
-# under default limits, "F0" 1..100, "@0" not at all, "A0" byte by byte.
+# Inputs of the stream targets (chunked, codec, relay) start with two control bytes that
+# say how the stream is cut (fuzz/src/lib.rs, `Pieces`): "E0" cuts it into pieces of
+# 1..16 bytes under default limits, "F0" 1..100, "@0" not at all, "A0" byte by byte.
 set -euo pipefail
 cd "$(dirname "$0")"
 C=corpus
@@ -99,6 +99,25 @@ ffffffffffffffffffff\r\n
 0\r\n\n
 5\r\nhel
 1c\r\ndata: {"choices":[{"x":1}]}\n\n\r\n10\r\ndata: [DONE]\n\n\r\n0\r\n\r\n
+EOF
+
+# --- whole responses through the relay: src/http/reframe/tests.rs, tests/upstream_faults.rs
+n=0
+while IFS= read -r line; do
+  [ -n "$line" ] || continue
+  n=$((n + 1))
+  put relay "$(printf %02d $n)" "$line"
+done <<'EOF'
+E0HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n13\r\ndata: {"token":0}\n\n\r\ne\r\ndata: [DONE]\n\n\r\n0\r\n\r\n
+A0HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n13\r\ndata: {"token":0}\n\n\r\n40\r\ndata: {"tok
+F0HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5;ext=1\r\nhello\r\n6\r\n world\r\n0\r\nTrailer: x\r\n\r\nHTTP/1.1 200 OK\r\n\r\nSTALE
+@0HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n\r\ndata: {"a":1}\n\ndata: {"b":2}\n
+E0HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhelloSTALE
+C0HTTP/1.1 200 OK\r\nContent-Length: 99\r\n\r\nhello
+E0HTTP/1.1 204 No Content\r\n\r\nSTALE
+E0HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\ndata: {}\r\n
+B0HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n13\r\ndata: {"token":0}\n\n\r\nzz\r\n
+E0HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\n{}
 EOF
 
 # --- request bodies: src/route/peek.rs table --------------------------------------

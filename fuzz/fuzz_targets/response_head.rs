@@ -40,7 +40,7 @@ fn relayed(buf: &[u8], resp: &ResponseHead, was_head: bool, client_minor: u8, ke
         ClientFraming::None => BodyFraming::None,
         ClientFraming::Length(n) => BodyFraming::Length(n),
         ClientFraming::Chunked | ClientFraming::Rechunk => BodyFraming::Chunked,
-        ClientFraming::UntilClose => BodyFraming::UntilClose,
+        ClientFraming::UntilClose | ClientFraming::Dechunk => BodyFraming::UntilClose,
     };
     assert_eq!(back.framing(), want, "{:?}", String::from_utf8_lossy(&out));
     if !keep {

@@ -107,6 +107,8 @@ pub struct FileLimits {
     pub buffer_release_ms: Option<Spanned<u64>>,
     pub connect_timeout_ms: Option<Spanned<u64>>,
     pub upstream_first_byte_timeout_ms: Option<Spanned<u64>>,
+    pub upstream_stream_idle_timeout_ms: Option<Spanned<u64>>,
+    pub client_send_timeout_ms: Option<Spanned<u64>>,
     pub max_connections: Option<Spanned<usize>>,
     pub pool_idle_timeout_ms: Option<u64>,
     pub pool_max_idle_per_worker: Option<usize>,

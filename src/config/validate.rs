@@ -156,15 +156,48 @@ impl<'a> Validator<'a> {
 
     fn limits(&self, l: &FileLimits) -> Result<Limits, ConfigError> {
         let d = Limits::default();
-        let ms = |key: &str, v: &Option<Spanned<u64>>, default: u64| {
-            self.positive(&format!("limits.{key}"), v, default)
-        };
         let count = |key: &str, v: &Option<Spanned<usize>>, default: usize| {
             self.positive(&format!("limits.{key}"), v, default)
         };
         let limits = Limits {
             max_header_bytes: count("max_header_bytes", &l.max_header_bytes, d.max_header_bytes)?,
             max_body_bytes: count("max_body_bytes", &l.max_body_bytes, d.max_body_bytes)?,
+            buffer_release_ms: l
+                .buffer_release_ms
+                .as_ref()
+                .map_or(d.buffer_release_ms, |v| *v.get_ref()),
+            max_connections: count("max_connections", &l.max_connections, d.max_connections)?,
+            pool_idle_timeout_ms: l.pool_idle_timeout_ms.unwrap_or(d.pool_idle_timeout_ms),
+            pool_max_idle_per_worker: l
+                .pool_max_idle_per_worker
+                .unwrap_or(d.pool_max_idle_per_worker),
+            worker_refusal_hold_ms: l
+                .worker_refusal_hold_ms
+                .as_ref()
+                .map_or(d.worker_refusal_hold_ms, |v| *v.get_ref()),
+            admin_max_connections: count(
+                "admin_max_connections",
+                &l.admin_max_connections,
+                d.admin_max_connections,
+            )?,
+            ..self.timeouts(l, d)?
+        };
+        if let Some(s) = l.max_header_bytes.as_ref().filter(|s| *s.get_ref() < 1024) {
+            return self.err(
+                "limits.max_header_bytes",
+                Some(s.span()),
+                "must be at least 1024",
+            );
+        }
+        Ok(limits)
+    }
+
+    /// The `[limits]` timeouts (each greater than 0) over `d`, the other limits.
+    fn timeouts(&self, l: &FileLimits, d: Limits) -> Result<Limits, ConfigError> {
+        let ms = |key: &str, v: &Option<Spanned<u64>>, default: u64| {
+            self.positive(&format!("limits.{key}"), v, default)
+        };
+        Ok(Limits {
             header_read_timeout_ms: ms(
                 "header_read_timeout_ms",
                 &l.header_read_timeout_ms,
@@ -176,10 +209,6 @@ impl<'a> Validator<'a> {
                 d.body_read_timeout_ms,
             )?,
             idle_timeout_ms: ms("idle_timeout_ms", &l.idle_timeout_ms, d.idle_timeout_ms)?,
-            buffer_release_ms: l
-                .buffer_release_ms
-                .as_ref()
-                .map_or(d.buffer_release_ms, |v| *v.get_ref()),
             connect_timeout_ms: ms(
                 "connect_timeout_ms",
                 &l.connect_timeout_ms,
@@ -190,11 +219,16 @@ impl<'a> Validator<'a> {
                 &l.upstream_first_byte_timeout_ms,
                 d.upstream_first_byte_timeout_ms,
             )?,
-            max_connections: count("max_connections", &l.max_connections, d.max_connections)?,
-            pool_idle_timeout_ms: l.pool_idle_timeout_ms.unwrap_or(d.pool_idle_timeout_ms),
-            pool_max_idle_per_worker: l
-                .pool_max_idle_per_worker
-                .unwrap_or(d.pool_max_idle_per_worker),
+            upstream_stream_idle_timeout_ms: ms(
+                "upstream_stream_idle_timeout_ms",
+                &l.upstream_stream_idle_timeout_ms,
+                d.upstream_stream_idle_timeout_ms,
+            )?,
+            client_send_timeout_ms: ms(
+                "client_send_timeout_ms",
+                &l.client_send_timeout_ms,
+                d.client_send_timeout_ms,
+            )?,
             worker_down_backoff_ms: ms(
                 "worker_down_backoff_ms",
                 &l.worker_down_backoff_ms,
@@ -205,28 +239,12 @@ impl<'a> Validator<'a> {
                 &l.worker_down_backoff_max_ms,
                 d.worker_down_backoff_max_ms,
             )?,
-            worker_refusal_hold_ms: l
-                .worker_refusal_hold_ms
-                .as_ref()
-                .map_or(d.worker_refusal_hold_ms, |v| *v.get_ref()),
             admin_read_timeout_ms: ms(
                 "admin_read_timeout_ms",
                 &l.admin_read_timeout_ms,
                 d.admin_read_timeout_ms,
             )?,
-            admin_max_connections: count(
-                "admin_max_connections",
-                &l.admin_max_connections,
-                d.admin_max_connections,
-            )?,
-        };
-        if let Some(s) = l.max_header_bytes.as_ref().filter(|s| *s.get_ref() < 1024) {
-            return self.err(
-                "limits.max_header_bytes",
-                Some(s.span()),
-                "must be at least 1024",
-            );
-        }
-        Ok(limits)
+            ..d
+        })
     }
 }

@@ -17,6 +17,17 @@ enum State {
     Done,
 }
 
+/// See [`ChunkedParser::boundary`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Boundary {
+    /// Between chunks: a new chunk may follow at once.
+    Chunk,
+    /// A chunk's data is complete but not its CRLF: that CRLF, then a new chunk.
+    AfterData,
+    /// Inside a chunk's data, or past the last chunk: nothing can follow.
+    None,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event {
     /// The input holds no complete token; present these bytes again with more after them.
@@ -29,7 +40,7 @@ pub enum Event {
     Done(usize),
 }
 
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone, Copy, Default)]
 pub struct ChunkedParser {
     state: State,
     trailer_bytes: usize,
@@ -42,6 +53,16 @@ impl ChunkedParser {
 
     pub fn is_done(&self) -> bool {
         self.state == State::Done
+    }
+
+    /// Where the message stands between chunks: what a writer that passed every
+    /// consumed byte through must add before a chunk of its own.
+    pub fn boundary(&self) -> Boundary {
+        match self.state {
+            State::Size => Boundary::Chunk,
+            State::DataEnd => Boundary::AfterData,
+            State::Data(_) | State::Trailer | State::Done => Boundary::None,
+        }
     }
 
     pub fn next(&mut self, input: &[u8]) -> Result<Event, HttpError> {

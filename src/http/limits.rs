@@ -52,10 +52,6 @@ pub const CLIENT_READ_MIN_SPARE: usize = 4096;
 /// [`RESPONSE_READ_BUF`].
 pub const RESPONSE_READ_MIN_SPARE: usize = 1024;
 
-/// A pooled upstream connection idle at least this long is checked with a non-blocking
-/// peek before reuse (closed, or unsolicited bytes: discarded).
-pub const POOL_PEEK_AFTER_IDLE_MS: u64 = 200;
-
 /// Admin listener: largest request head and body (a `/load` batch for 1,000 workers × 8
 /// ranks fits).
 pub const MAX_ADMIN_HEAD: usize = 16 * 1024;
@@ -86,7 +82,15 @@ pub mod defaults {
     /// to the core's pool and waits for its next request without one (0: at once).
     pub const BUFFER_RELEASE_MS: u64 = 1_000;
     pub const CONNECT_TIMEOUT_MS: u64 = 2_000;
+    /// The worker's whole response head must arrive within this long of the request's
+    /// last byte going out (a deadline, not a timer reset by each read).
     pub const UPSTREAM_FIRST_BYTE_TIMEOUT_MS: u64 = 600_000;
+    /// Longest silence between two reads of a response body (Envoy's `stream_idle_timeout`
+    /// default): long enough for an engine's pauses (preemption, a reasoning model between
+    /// phases, a tool call), short enough that a hung engine gives its slot back.
+    pub const UPSTREAM_STREAM_IDLE_TIMEOUT_MS: u64 = 300_000;
+    /// Longest a write to the client may make no progress (nginx's `send_timeout`).
+    pub const CLIENT_SEND_TIMEOUT_MS: u64 = 60_000;
     pub const MAX_CONNECTIONS: usize = 65_536;
     /// Below uvicorn's 5 s keep-alive (vLLM, SGLang) so we close idle upstream connections
     /// before the engine does and never write into one it is closing.
@@ -117,6 +121,8 @@ pub struct Limits {
     pub buffer_release_ms: u64,
     pub connect_timeout_ms: u64,
     pub upstream_first_byte_timeout_ms: u64,
+    pub upstream_stream_idle_timeout_ms: u64,
+    pub client_send_timeout_ms: u64,
     pub max_connections: usize,
     pub pool_idle_timeout_ms: u64,
     pub pool_max_idle_per_worker: usize,
@@ -139,6 +145,8 @@ impl Default for Limits {
             buffer_release_ms: BUFFER_RELEASE_MS,
             connect_timeout_ms: CONNECT_TIMEOUT_MS,
             upstream_first_byte_timeout_ms: UPSTREAM_FIRST_BYTE_TIMEOUT_MS,
+            upstream_stream_idle_timeout_ms: UPSTREAM_STREAM_IDLE_TIMEOUT_MS,
+            client_send_timeout_ms: CLIENT_SEND_TIMEOUT_MS,
             max_connections: MAX_CONNECTIONS,
             pool_idle_timeout_ms: POOL_IDLE_TIMEOUT_MS,
             pool_max_idle_per_worker: POOL_MAX_IDLE_PER_WORKER,

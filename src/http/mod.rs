@@ -1,10 +1,11 @@
 //! Sans-io HTTP/1.1: request and response heads parsed into offsets of the connection's
 //! buffer (nothing copied, nothing allocated), chunked framing, head rewriting and the
-//! canned responses. No I/O and no clock here; `core` and `upstream` drive it.
+//! canned responses. No I/O and no clock here; the proxy pipeline drives it.
 
 pub mod canned;
 pub mod chunked;
 pub mod limits;
+pub mod reframe;
 pub mod request;
 pub mod response;
 pub mod sse;

@@ -70,7 +70,10 @@ pub fn upstream_request_head(
     out.extend_from_slice(b"\r\n");
 }
 
-/// How the client sees the response body.
+/// How the client sees the response body (RFC 9112 §6.3): an HTTP/1.1 client gets the
+/// upstream's length or chunks as they are, and a close-delimited body re-chunked; an
+/// HTTP/1.0 client, which cannot read chunks, gets the length or a body delimited by the
+/// close, de-chunked when the upstream chunked it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClientFraming {
     None,
@@ -79,25 +82,28 @@ pub enum ClientFraming {
     Chunked,
     /// A close-delimited upstream body re-chunked for an HTTP/1.1 client.
     Rechunk,
-    /// Close-delimited to an HTTP/1.0 client: we close after the body.
+    /// A chunked upstream body de-chunked for an HTTP/1.0 client; we close after it.
+    Dechunk,
+    /// A close-delimited body passed to an HTTP/1.0 client; we close after it.
     UntilClose,
 }
 
 impl ClientFraming {
     pub fn for_response(upstream: BodyFraming, client_minor: u8) -> ClientFraming {
+        let http10 = client_minor == 0;
         match upstream {
             BodyFraming::None => ClientFraming::None,
             BodyFraming::Length(n) => ClientFraming::Length(n),
-            BodyFraming::Chunked if client_minor == 1 => ClientFraming::Chunked,
-            BodyFraming::Chunked | BodyFraming::UntilClose if client_minor == 0 => {
-                ClientFraming::UntilClose
-            }
-            BodyFraming::Chunked | BodyFraming::UntilClose => ClientFraming::Rechunk,
+            BodyFraming::Chunked if http10 => ClientFraming::Dechunk,
+            BodyFraming::Chunked => ClientFraming::Chunked,
+            BodyFraming::UntilClose if http10 => ClientFraming::UntilClose,
+            BodyFraming::UntilClose => ClientFraming::Rechunk,
         }
     }
 
+    /// The client can tell where the body ends without the connection closing.
     pub fn allows_keep_alive(&self) -> bool {
-        *self != ClientFraming::UntilClose
+        !matches!(self, ClientFraming::UntilClose | ClientFraming::Dechunk)
     }
 }
 
@@ -131,7 +137,7 @@ pub fn client_response_head(
         ClientFraming::Chunked | ClientFraming::Rechunk => {
             out.extend_from_slice(b"transfer-encoding: chunked\r\n");
         }
-        ClientFraming::None | ClientFraming::UntilClose => {}
+        ClientFraming::None | ClientFraming::UntilClose | ClientFraming::Dechunk => {}
     }
     if keep_alive && client_minor == 0 {
         out.extend_from_slice(b"connection: keep-alive\r\n");
@@ -141,8 +147,13 @@ pub fn client_response_head(
 
 /// Wraps `data` as one chunk (for [`ClientFraming::Rechunk`]).
 pub fn chunk(out: &mut Vec<u8>, data: &[u8]) {
+    chunk_of(out, &[data]);
+}
+
+/// Wraps `parts`, one after the other, as one chunk.
+pub fn chunk_of(out: &mut Vec<u8>, parts: &[&[u8]]) {
     let mut hex = [0u8; 16];
-    let mut n = data.len();
+    let mut n: usize = parts.iter().map(|p| p.len()).sum();
     let mut i = hex.len();
     loop {
         i -= 1;
@@ -154,7 +165,9 @@ pub fn chunk(out: &mut Vec<u8>, data: &[u8]) {
     }
     out.extend_from_slice(&hex[i..]);
     out.extend_from_slice(b"\r\n");
-    out.extend_from_slice(data);
+    for p in parts {
+        out.extend_from_slice(p);
+    }
     out.extend_from_slice(b"\r\n");
 }
 

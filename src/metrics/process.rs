@@ -12,7 +12,7 @@ use crate::state::{CoreCounters, Shared, Snapshot};
 type Cell = fn(&CoreCounters) -> &AtomicU64;
 
 /// The data-path counters, summed over cores: name, help, cell.
-const CORE_COUNTERS: [(&str, &str, Cell); 13] = [
+const CORE_COUNTERS: [(&str, &str, Cell); 14] = [
     (
         "spillway_connections_total",
         "Client connections accepted",
@@ -42,6 +42,11 @@ const CORE_COUNTERS: [(&str, &str, Cell); 13] = [
         "spillway_upstream_reuse_retries_total",
         "Requests retried on a fresh connection after a pooled one failed",
         |c| &c.upstream_reuse_retries,
+    ),
+    (
+        "spillway_upstream_idle_closed_total",
+        "Idle pooled upstream connections closed because the worker sent bytes or closed",
+        |c| &c.upstream_idle_closed,
     ),
     (
         "spillway_failovers_total",

@@ -1,13 +1,13 @@
 //! One attempt on one worker, in stage order: admit at its gate → connect or reuse and
-//! send → read the response head → (a refusal ends the attempt here) → relay the body →
-//! give the connection back to the pool. Guards give back the slot and the tracked load
+//! send → read the response head (once more on a fresh connection when a reused one was
+//! closed before any byte) → (a refusal ends the attempt here) → relay the body → give the
+//! connection back to the pool, watched. Guards give back the slot and the tracked load
 //! on every path.
 
 use std::future::Future;
-use std::time::Duration;
 
 use super::admit::admit;
-use super::connect::connect_and_send;
+use super::connect::{connect_and_send, retry_fresh};
 use super::core::CoreCtx;
 use super::error::AttemptError;
 use super::forward::Client;
@@ -20,7 +20,7 @@ use crate::http::write::ClientFraming;
 use crate::runtime::clock;
 use crate::runtime::reader::ReadDone;
 use crate::state::Worker;
-use crate::state::counters::Stage;
+use crate::state::counters::{Stage, add};
 
 /// A response relayed whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +44,7 @@ pub(super) async fn attempt<F: Future<Output = ReadDone>>(
     let ticket = admit(worker, req.class, cap_ms, &mut c.reader).await;
     c.trail.queue += clock::since(waited);
     let ticket = ticket?;
-    let mut stream = connect_and_send(ctx, worker, &mut c.io.out, limits).await?;
+    let mut sent = connect_and_send(ctx, worker, &mut c.io.out, limits).await?;
     stage.set(Some(Stage::Dispatch));
     let block_size = worker.cfg.block_size;
     let mut tracked = Tracked::start(
@@ -55,21 +55,28 @@ pub(super) async fn attempt<F: Future<Output = ReadDone>>(
         block_size,
     );
     let mut resp = ResponseHead::default();
-    read_response_head(c, &mut stream, limits, &mut resp).await?;
+    match read_response_head(c, &mut sent.stream, limits, &mut resp).await {
+        // The worker had closed the pooled connection: once more, on a fresh one.
+        Err(AttemptError::Hangup) if sent.reused => {
+            let why = "closed before responding";
+            sent = retry_fresh(ctx, worker, &mut c.io.out, limits, why).await?;
+            read_response_head(c, &mut sent.stream, limits, &mut resp).await?;
+        }
+        head => head?,
+    }
     stage.set(None);
     if let Some(r) = refusal(resp.status, req.snap.config.overload_status_code) {
         return Err(AttemptError::Refused(r, None));
     }
     let cells = &req.model.metrics.cores[ctx.id];
-    let gap = Duration::from_millis(limits.upstream_first_byte_timeout_ms);
-    let reusable = relay(c, req, cells, &mut stream, &resp, &mut tracked, gap).await?;
+    let mut stream = sent.stream;
+    let reusable = relay(c, req, cells, &mut stream, &resp, &mut tracked, limits).await?;
     drop(tracked);
     drop(ticket);
     if reusable {
         let (slot, max_idle) = (worker.state.slot, limits.pool_max_idle_per_worker);
-        ctx.pools
-            .borrow_mut()
-            .put(slot, stream, clock::now_ms(), max_idle);
+        let stirred = (ctx.pools.borrow_mut()).put(slot, stream, clock::now_ms(), max_idle);
+        add(&ctx.counters().upstream_idle_closed, u64::from(stirred));
     }
     let framing = ClientFraming::for_response(resp.framing(), req.client_minor);
     Ok(Done {

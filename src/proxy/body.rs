@@ -37,12 +37,9 @@ impl Conn {
         if !self.head.expect_continue || reader.buf().len() > self.head.head_len {
             return true;
         }
-        let res = self
-            .io
-            .writer
-            .write_static(b"HTTP/1.1 100 Continue\r\n\r\n")
-            .await;
-        res.is_ok()
+        let write = (self.io.writer).write_static(b"HTTP/1.1 100 Continue\r\n\r\n");
+        let res = monoio::time::timeout(self.io.send_timeout, write).await;
+        matches!(res, Ok(Ok(())))
     }
 
     pub(super) async fn read_body<F: Future<Output = ReadDone>>(

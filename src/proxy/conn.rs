@@ -12,7 +12,7 @@ use std::io::Write as _;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use monoio::io::{Canceller, Splitable};
 use monoio::net::TcpStream;
@@ -93,9 +93,16 @@ async fn burst(ctx: Rc<CoreCtx>, parked: Parked) -> Option<(Parked, Instant)> {
     half.absorb_probe(&probe[..probed], &mut buf);
     let rbuf = ctx.read_bufs.borrow_mut().take();
     let out = ctx.write_bufs.borrow_mut().take();
+    let snap = ctx.snapshot();
+    let send_timeout = Duration::from_millis(snap.config.limits.client_send_timeout_ms);
     let mut conn = Conn {
-        snap: ctx.snapshot(),
-        io: ClientIo { writer, out, rbuf },
+        snap,
+        io: ClientIo {
+            writer,
+            out,
+            rbuf,
+            send_timeout,
+        },
         ctx,
         head: RequestHead::default(),
         peer,
@@ -163,6 +170,8 @@ impl Conn {
         loop {
             self.snap = self.ctx.snapshot();
             self.class = self.snap.config.classes.default;
+            let send_timeout = self.snap.config.limits.client_send_timeout_ms;
+            self.io.send_timeout = Duration::from_millis(send_timeout);
             match self.read_head(reader.as_mut()).await {
                 HeadRead::Ready => {}
                 HeadRead::Closed => return Ended::Closed,
@@ -242,13 +251,16 @@ impl Conn {
     }
 }
 
-/// The client's write half and the buffers reused for every request.
+/// The client's write half and the buffers reused for every request. Every write must
+/// finish within `send_timeout` (`client_send_timeout_ms`); one that does not fails with
+/// `TimedOut`, and its buffer stays with the abandoned write (the connection closes).
 pub(super) struct ClientIo {
     pub writer: ClientWrite,
     /// The next write to the client; holds the upstream request while it is forwarded.
     pub out: Vec<u8>,
     /// Upstream reads.
     pub rbuf: Vec<u8>,
+    pub send_timeout: Duration,
 }
 
 impl ClientIo {
@@ -256,7 +268,7 @@ impl ClientIo {
     pub(super) async fn write_out(&mut self) -> io::Result<()> {
         let out = std::mem::take(&mut self.out);
         let n = out.len();
-        let (res, buf) = self.writer.write_prefix(out, n).await;
+        let (res, buf) = self.write_within(out, n).await;
         self.out = buf;
         self.out.clear();
         res
@@ -274,12 +286,21 @@ impl ClientIo {
 
     /// Writes the first `n` bytes of `rbuf` to the client (a relay without copying).
     pub(super) async fn write_rbuf(&mut self, n: usize) -> io::Result<()> {
-        let (res, buf) = self
-            .writer
-            .write_prefix(std::mem::take(&mut self.rbuf), n)
-            .await;
+        let rbuf = std::mem::take(&mut self.rbuf);
+        let (res, buf) = self.write_within(rbuf, n).await;
         self.rbuf = buf;
         res
+    }
+
+    /// The first `n` bytes of `buf`, within the send timeout. Past it, the write is
+    /// dropped with `buf` (the driver keeps it until the kernel lets go) and an empty
+    /// buffer comes back.
+    async fn write_within(&mut self, buf: Vec<u8>, n: usize) -> (io::Result<()>, Vec<u8>) {
+        let write = self.writer.write_prefix(buf, n);
+        match monoio::time::timeout(self.send_timeout, write).await {
+            Ok(done) => done,
+            Err(_) => (Err(io::ErrorKind::TimedOut.into()), Vec::new()),
+        }
     }
 }
 

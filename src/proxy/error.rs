@@ -273,8 +273,13 @@ pub enum AttemptError {
     Unreachable,
     /// The client left while the request waited or ran.
     ClientGone,
-    /// No response head within `upstream_first_byte_timeout_ms`.
+    /// The client took nothing of a write for `client_send_timeout_ms`.
+    ClientSendTimeout,
+    /// No response head within `upstream_first_byte_timeout_ms` of the request's end.
     Timeout,
+    /// The worker closed or reset the connection before any byte of a response: on a
+    /// reused connection, the request is sent again on a fresh one.
+    Hangup,
     /// The request may have reached the engine but no usable response came back.
     BadGateway(&'static str),
     /// The response broke after bytes reached the client: nothing left but to close.
@@ -298,6 +303,7 @@ impl AttemptError {
     pub fn outcome(&self) -> Outcome {
         match self {
             AttemptError::ClientGone => Outcome::Cancelled,
+            AttemptError::ClientSendTimeout => Outcome::ClientSendTimeout,
             AttemptError::Broken(o) => *o,
             e => e.to_client().map_or(Outcome::Internal, |c| c.outcome()),
         }
@@ -311,7 +317,12 @@ impl AttemptError {
             AttemptError::Unreachable => Some(RequestError::Unavailable),
             AttemptError::Timeout => Some(RequestError::GatewayTimeout),
             AttemptError::BadGateway(why) => Some(RequestError::BadGateway(why)),
-            AttemptError::ClientGone | AttemptError::Broken(_) => None,
+            AttemptError::Hangup => Some(RequestError::BadGateway(
+                "the worker closed the connection before responding",
+            )),
+            AttemptError::ClientGone
+            | AttemptError::ClientSendTimeout
+            | AttemptError::Broken(_) => None,
         }
     }
 }

@@ -191,8 +191,11 @@ async fn exchange<F: Future<Output = ReadDone>>(
             Ok(Done { keep_alive, status }) => return Forwarded::Done { keep_alive, status },
             Err(e) if !e.retry_safe() => {
                 if e.to_client().is_none() {
-                    let gone = e == AttemptError::ClientGone;
-                    c.trail.closed = Some(if gone { "client" } else { "upstream" });
+                    let client = matches!(
+                        e,
+                        AttemptError::ClientGone | AttemptError::ClientSendTimeout
+                    );
+                    c.trail.closed = Some(if client { "client" } else { "upstream" });
                 }
                 if e == AttemptError::ClientGone {
                     add(&ctx.counters().client_disconnects, 1);

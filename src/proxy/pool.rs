@@ -1,54 +1,102 @@
 //! Per-core keep-alive pools of upstream connections, per worker slot (newest last), and
-//! the once-a-second sweep that closes the stale ones and trims the buffer pools.
+//! the sweep task: once a second it closes the stale ones and trims the buffer pools, and
+//! whenever an idle connection's watch fires (the worker sent bytes or closed) it closes
+//! that connection at once. An idle connection that became readable is never reused.
 
-use std::os::fd::AsRawFd;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
+use std::task::Waker;
 use std::time::Duration;
 
-use crate::runtime::stream::Upstream;
-
 use super::core::CoreCtx;
-use crate::http::limits::POOL_PEEK_AFTER_IDLE_MS;
 use crate::runtime::clock;
+use crate::runtime::stream::Upstream;
+use crate::state::counters::add;
 
 /// Idle keep-alive connections of one core, per worker slot (newest last).
 #[derive(Debug, Default)]
 pub struct Pools {
-    idle: Vec<Vec<(Upstream, u64)>>,
+    idle: Vec<Vec<Idle>>,
+    /// The sweep task's: idle connections' watches wake it when they fire.
+    waker: Option<Waker>,
+}
+
+#[derive(Debug)]
+struct Idle {
+    stream: Upstream,
+    since_ms: u64,
+}
+
+/// What [`Pools::take`] found.
+#[derive(Debug)]
+pub struct Taken {
+    pub stream: Option<Upstream>,
+    /// Idle connections passed over because something arrived on them.
+    pub stirred: u64,
 }
 
 impl Pools {
-    /// The newest idle connection to `slot` that is still open, if any. Stale or closed
-    /// ones are dropped on the way.
-    pub fn take(&mut self, slot: u32, now_ms: u64, idle_timeout_ms: u64) -> Option<Upstream> {
-        let list = self.idle.get_mut(slot as usize)?;
-        while let Some((stream, since)) = list.pop() {
-            let idle = now_ms.saturating_sub(since);
-            if idle >= idle_timeout_ms {
+    /// The newest idle connection to `slot` on which nothing arrived, if any. Stale and
+    /// stirred ones are dropped on the way.
+    pub fn take(&mut self, slot: u32, now_ms: u64, idle_timeout_ms: u64) -> Taken {
+        let mut taken = Taken {
+            stream: None,
+            stirred: 0,
+        };
+        let Some(list) = self.idle.get_mut(slot as usize) else {
+            return taken;
+        };
+        while let Some(mut idle) = list.pop() {
+            if now_ms.saturating_sub(idle.since_ms) >= idle_timeout_ms {
                 // Newest is stale, so all are.
                 list.clear();
-                return None;
+                break;
             }
-            // A connection back from a response moments ago is open: servers that close
-            // after a response say `Connection: close` (never pooled), and keep-alive
-            // timeouts are seconds. Peek (one syscall) only after a real idle spell.
-            if idle < POOL_PEEK_AFTER_IDLE_MS || is_open(&stream) {
-                return Some(stream);
+            if idle.stream.reusable() {
+                taken.stream = Some(idle.stream);
+                break;
             }
+            taken.stirred += 1;
         }
-        None
+        taken
     }
 
-    pub fn put(&mut self, slot: u32, stream: Upstream, now_ms: u64, max_idle: usize) {
+    /// Keeps `stream` idle for `slot`, watched, unless the pool is full. True when it is
+    /// closed instead because something arrived on it already.
+    pub fn put(&mut self, slot: u32, mut stream: Upstream, now_ms: u64, max_idle: usize) -> bool {
         let slot = slot as usize;
         if self.idle.len() <= slot {
             self.idle.resize_with(slot + 1, Vec::new);
         }
         let list = &mut self.idle[slot];
-        if list.len() < max_idle {
-            list.push((stream, now_ms));
+        if list.len() >= max_idle {
+            return false;
         }
+        if !stream.go_idle(self.waker.as_ref().unwrap_or(Waker::noop())) {
+            return true;
+        }
+        list.push(Idle {
+            stream,
+            since_ms: now_ms,
+        });
+        false
+    }
+
+    /// Closes the idle connections on which something arrived, and has the others wake
+    /// `waker` when something does. Returns how many it closed.
+    pub fn close_stirred(&mut self, waker: &Waker) -> u64 {
+        if !self.waker.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            self.waker = Some(waker.clone());
+        }
+        let mut closed = 0;
+        for list in &mut self.idle {
+            list.retain_mut(|idle| {
+                let stirred = idle.stream.stirred(waker);
+                closed += u64::from(stirred);
+                !stirred
+            });
+        }
+        closed
     }
 
     /// Closes connections idle for longer than the timeout.
@@ -56,38 +104,26 @@ impl Pools {
         for list in &mut self.idle {
             let stale = list
                 .iter()
-                .take_while(|(_, since)| now_ms.saturating_sub(*since) >= idle_timeout_ms)
+                .take_while(|idle| now_ms.saturating_sub(idle.since_ms) >= idle_timeout_ms)
                 .count();
             list.drain(..stale);
         }
     }
-
-    pub fn idle_count(&self, slot: u32) -> usize {
-        self.idle.get(slot as usize).map_or(0, Vec::len)
-    }
 }
 
-/// A pooled connection is usable only if the peer has not closed it and sent nothing
-/// unsolicited: a non-blocking peek must find no data (EAGAIN).
-fn is_open(stream: &Upstream) -> bool {
-    use nix::sys::socket::{MsgFlags, recv};
-    let mut byte = [0u8; 1];
-    matches!(
-        recv(
-            stream.tcp().as_raw_fd(),
-            &mut byte,
-            MsgFlags::MSG_PEEK | MsgFlags::MSG_DONTWAIT
-        ),
-        Err(nix::errno::Errno::EAGAIN)
-    )
-}
-
-/// Once a second: closes idle pooled connections past their timeout, trims the buffer
-/// pools to what the last second needed, closes parked client connections past their idle
-/// timeout, and refreshes the core's gauges.
+/// The core's pool keeper: closes idle connections whose watch fired as soon as it
+/// wakes it, and once a second closes idle pooled connections past their timeout, trims
+/// the buffer pools to what the last second needed, closes parked client connections
+/// past their idle timeout, and refreshes the core's gauges.
 pub(super) async fn sweep_pools(ctx: Rc<CoreCtx>) {
     loop {
-        monoio::time::sleep(Duration::from_secs(1)).await;
+        let mut second = std::pin::pin!(monoio::time::sleep(Duration::from_secs(1)));
+        std::future::poll_fn(|cx| {
+            let closed = ctx.pools.borrow_mut().close_stirred(cx.waker());
+            add(&ctx.counters().upstream_idle_closed, closed);
+            second.as_mut().poll(cx)
+        })
+        .await;
         trim_buffers(&ctx);
         let timeout = ctx
             .shared

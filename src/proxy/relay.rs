@@ -1,8 +1,13 @@
 //! Stage: stream the response to the client as it arrives. Every upstream read is written
-//! at once (chunked passed through; close-delimited re-chunked for HTTP/1.1 clients);
-//! SSE events count as generated tokens for tracked load; TTFT and ITL are observed.
+//! at once, in the client's framing (`http::reframe`: chunks passed through to HTTP/1.1
+//! clients, de-chunked for HTTP/1.0 ones; a close-delimited body re-chunked for HTTP/1.1).
+//! Between reads the worker may be silent for `upstream_stream_idle_timeout_ms`; a stream
+//! that breaks off after the head never ends cleanly for the client, and an event stream
+//! gets a last error event. SSE events count as generated tokens for tracked load; TTFT
+//! and ITL are observed.
 
 use std::future::Future;
+use std::io;
 use std::time::{Duration, Instant};
 
 use crate::runtime::stream::Upstream;
@@ -10,64 +15,20 @@ use crate::runtime::stream::Upstream;
 use super::error::AttemptError;
 use super::forward::Client;
 use super::guards::Tracked;
+use super::log::Trail;
 use super::request::Outbound;
 use super::watch::{Interrupt, read_upstream};
-use crate::http::chunked::ChunkedParser;
+use crate::http::reframe::{Break, Reframer};
 use crate::http::response::ResponseHead;
 use crate::http::sse::SseCounter;
 use crate::http::usage::{UsageScanner, output_tokens};
-use crate::http::write::{ClientFraming, LAST_CHUNK, chunk, client_response_head};
-use crate::http::{BodyFraming, HttpError};
+use crate::http::write::{ClientFraming, client_response_head};
+use crate::http::{BodyFraming, Limits};
 use crate::runtime::clock;
 use crate::runtime::reader::ReadDone;
 use crate::state::counters::{
     ITL_BUCKETS, ModelCore, OSL_BUCKETS, Outcome, RequestType, TTFT_BUCKETS,
 };
-
-/// Where the upstream body stands.
-enum Body {
-    Length(u64),
-    Chunked(ChunkedParser),
-    UntilClose,
-    Done,
-}
-
-impl Body {
-    fn new(framing: BodyFraming) -> Body {
-        match framing {
-            BodyFraming::None => Body::Done,
-            BodyFraming::Length(n) => Body::Length(n),
-            BodyFraming::Chunked => Body::Chunked(ChunkedParser::new()),
-            BodyFraming::UntilClose => Body::UntilClose,
-        }
-    }
-
-    /// Bytes of `buf` belonging to the body (to forward now) and whether it is complete.
-    fn advance(
-        &mut self,
-        buf: &[u8],
-        on_data: &mut impl FnMut(&[u8]),
-    ) -> Result<(usize, bool), HttpError> {
-        let (take, done) = match self {
-            Body::Length(remaining) => {
-                let take = (*remaining).min(buf.len() as u64) as usize;
-                on_data(&buf[..take]);
-                *remaining -= take as u64;
-                (take, *remaining == 0)
-            }
-            Body::Chunked(p) => p.skim(buf, &mut *on_data)?,
-            Body::UntilClose => {
-                on_data(buf);
-                (buf.len(), false)
-            }
-            Body::Done => (0, true),
-        };
-        if done {
-            *self = Body::Done;
-        }
-        Ok((take, done))
-    }
-}
 
 /// Time marks of one response, for TTFT and ITL.
 struct Timing<'a> {
@@ -110,63 +71,119 @@ pub(super) async fn relay<F: Future<Output = ReadDone>>(
     stream: &mut Upstream,
     resp: &ResponseHead,
     tracked: &mut Tracked<'_>,
-    gap: Duration,
+    limits: &Limits,
 ) -> Result<bool, AttemptError> {
     let framing = resp.framing();
     let cf = ClientFraming::for_response(framing, req.client_minor);
     begin(c, req, resp, cf);
-    let mut body = Body::new(framing);
-    let mut sse = SseCounter::default();
-    let mut usage = UsageScanner::default();
-    let mut all_events = 0;
-    let count_tokens = req.model.track_output_blocks;
-    let mut timing = Timing {
-        cells,
-        started: req.started,
-        stream: req.request_type == RequestType::Stream,
-        last_data: None,
+    let mut body = Reframer::new(framing, cf, resp.event_stream);
+    let mut seen = Seen {
+        timing: Timing {
+            cells,
+            started: req.started,
+            stream: req.request_type == RequestType::Stream,
+            last_data: None,
+        },
+        sse: SseCounter::default(),
+        usage: UsageScanner::default(),
+        events: 0,
+        count_tokens: req.model.track_output_blocks,
     };
-    let mut eof = false;
+    let idle = Duration::from_millis(limits.upstream_stream_idle_timeout_ms);
+    let mut relayed = false;
     loop {
         let mut events = 0;
-        let (take, done) = body
-            .advance(&c.io.rbuf, &mut |d| {
-                events += sse.feed(d);
-                usage.feed(d);
-            })
-            .map_err(|_| AttemptError::Broken(Outcome::Internal))?;
-        let done = done || eof;
-        if take > 0 {
-            if let Some(ttft) = timing.data(tracked) {
-                c.trail.ttft = Some(ttft);
-            }
-            c.trail.bytes_out += take as u64;
-            all_events += events;
-            if count_tokens {
-                tracked.generated(events);
-            }
+        let advanced = body.advance(&c.io.rbuf, &mut c.io.out, |d| {
+            events += seen.sse.feed(d);
+            seen.usage.feed(d);
+        });
+        let piece = match advanced {
+            Ok(piece) => piece,
+            // Nothing of the response reached the client yet: it can still get a 502.
+            Err(_) if !relayed => return Err(INVALID_FRAMING),
+            Err(_) => return broken(c, &mut body, Break::Failed).await,
+        };
+        seen.piece(c.trail, tracked, piece.take, events);
+        if piece.done {
+            seen.observe_output();
         }
-        if done {
-            // Before the last write, so a client that has the whole response finds it
-            // counted (the tokens were generated whether or not that write lands).
-            observe_output(cells, &usage, timing.stream, all_events);
-        }
-        write_piece(c, cf, take, done).await?;
-        c.io.rbuf.drain(..take);
-        if done {
+        write_piece(c, piece.take, piece.direct).await?;
+        relayed = true;
+        c.io.rbuf.drain(..piece.take);
+        if piece.done {
             // Bytes past the end of the message: the connection is out of step; drop it.
-            return Ok(resp.reusable
-                && !eof
-                && c.io.rbuf.is_empty()
-                && framing != BodyFraming::UntilClose);
+            return Ok(resp.reusable && c.io.rbuf.is_empty() && framing != BodyFraming::UntilClose);
         }
-        let deadline = clock::now() + gap;
+        let deadline = clock::now() + idle;
         match read_upstream(stream, &mut c.io.rbuf, &mut c.reader, deadline).await {
-            Ok(Ok(0)) if matches!(body, Body::UntilClose) => eof = true,
-            Ok(Ok(0)) | Ok(Err(_)) => return Err(AttemptError::Broken(Outcome::Internal)),
+            Ok(Ok(0)) if body.eof(&mut c.io.out).is_ok() => {
+                // A body delimited by the close: that was its end.
+                seen.observe_output();
+                write_piece(c, 0, true).await?;
+                return Ok(false);
+            }
+            Ok(Ok(0)) | Ok(Err(_)) => return broken(c, &mut body, Break::Failed).await,
             Ok(Ok(_)) => {}
             Err(Interrupt::ClientGone) => return Err(AttemptError::ClientGone),
-            Err(Interrupt::Timeout) => return Err(AttemptError::Broken(Outcome::ResponseTimeout)),
+            Err(Interrupt::Timeout) => return broken(c, &mut body, Break::Stalled).await,
+        }
+    }
+}
+
+const INVALID_FRAMING: AttemptError =
+    AttemptError::BadGateway("invalid framing in the worker's response body");
+
+/// The stream broke off after its head reached the client: an event stream's client gets
+/// a last error event where its framing allows one, and never a clean end.
+async fn broken<F>(
+    c: &mut Client<'_, F>,
+    body: &mut Reframer,
+    why: Break,
+) -> Result<bool, AttemptError> {
+    if body.fail(&mut c.io.out, why) {
+        c.trail.bytes_out += c.io.out.len() as u64;
+        write_piece(c, 0, true).await?;
+    }
+    Err(AttemptError::Broken(match why {
+        Break::Failed => Outcome::Internal,
+        Break::Stalled => Outcome::ResponseTimeout,
+    }))
+}
+
+/// What the payload told so far: time marks, events, usage.
+struct Seen<'a> {
+    timing: Timing<'a>,
+    sse: SseCounter,
+    usage: UsageScanner,
+    /// SSE events so far.
+    events: u64,
+    /// `track_output_blocks`: events count as generated tokens in the tracked load.
+    count_tokens: bool,
+}
+
+impl Seen<'_> {
+    /// `take` more body bytes, with `events` SSE events.
+    fn piece(&mut self, trail: &mut Trail, tracked: &mut Tracked<'_>, take: usize, events: u64) {
+        if take == 0 {
+            return;
+        }
+        if let Some(ttft) = self.timing.data(tracked) {
+            trail.ttft = Some(ttft);
+        }
+        trail.bytes_out += take as u64;
+        self.events += events;
+        if self.count_tokens {
+            tracked.generated(events);
+        }
+    }
+
+    /// `dynamo_frontend_output_sequence_tokens` of a whole response. Before the last
+    /// write, so a client that has the whole response finds it counted (the tokens were
+    /// generated whether or not that write lands).
+    fn observe_output(&self) {
+        if let Some(n) = output_tokens(&self.usage, self.timing.stream, self.events) {
+            let cells = self.timing.cells;
+            cells.osl.observe_count(&OSL_BUCKETS, n);
         }
     }
 }
@@ -196,33 +213,20 @@ fn begin<F: Future<Output = ReadDone>>(
     c.trail.bytes_out = out.len() as u64;
 }
 
-/// `dynamo_frontend_output_sequence_tokens` of a whole response.
-fn observe_output(cells: &ModelCore, usage: &UsageScanner, stream: bool, events: u64) {
-    if let Some(n) = output_tokens(usage, stream, events) {
-        cells.osl.observe_count(&OSL_BUCKETS, n);
-    }
-}
-
-/// Writes what `out` holds (the head, first time) and the first `take` bytes of `rbuf`,
-/// re-chunked when the client needs it; straight from `rbuf` when nothing else is queued.
+/// Writes what `out` holds (the head, the first time; re-chunked or de-chunked pieces)
+/// and, for a `direct` piece, the first `take` bytes of `rbuf`: straight from `rbuf` when
+/// nothing else is queued.
 async fn write_piece<F>(
     c: &mut Client<'_, F>,
-    cf: ClientFraming,
     take: usize,
-    done: bool,
+    direct: bool,
 ) -> Result<(), AttemptError> {
     let io = &mut *c.io;
-    let rechunk = cf == ClientFraming::Rechunk;
-    let written = if take > 0 && !rechunk && io.out.is_empty() {
+    let written = if direct && take > 0 && io.out.is_empty() {
         io.write_rbuf(take).await
     } else {
-        if take > 0 && rechunk {
-            chunk(&mut io.out, &io.rbuf[..take]);
-        } else if take > 0 {
+        if direct && take > 0 {
             io.out.extend_from_slice(&io.rbuf[..take]);
-        }
-        if done && rechunk {
-            io.out.extend_from_slice(LAST_CHUNK);
         }
         if io.out.is_empty() {
             Ok(())
@@ -230,5 +234,8 @@ async fn write_piece<F>(
             io.write_out().await
         }
     };
-    written.map_err(|_| AttemptError::ClientGone)
+    written.map_err(|e| match e.kind() {
+        io::ErrorKind::TimedOut => AttemptError::ClientSendTimeout,
+        _ => AttemptError::ClientGone,
+    })
 }

@@ -1,6 +1,8 @@
-//! Stage: the worker's response head, read while the client is watched and bounded by
-//! `upstream_first_byte_timeout_ms`. Interim 1xx heads are skipped; a 529 or 503 before
-//! any body byte is a worker-local refusal, so the request may migrate (semantics §6).
+//! Stage: the worker's response head, read while the client is watched. The whole head
+//! must arrive within `upstream_first_byte_timeout_ms` of the request's last byte going
+//! out (a deadline: a head trickled a byte at a time does not stretch it). Interim 1xx
+//! heads are skipped; a 529 or 503 before any body byte is a worker-local refusal, so the
+//! request may migrate (ARCHITECTURE.md, "Admission gate").
 
 use std::future::Future;
 use std::time::Duration;
@@ -15,17 +17,20 @@ use crate::http::{HttpError, Limits};
 use crate::runtime::clock;
 use crate::runtime::reader::ReadDone;
 
-/// Reads the final response head into `resp`; its bytes stay at the start of `rbuf`.
+/// Reads the final response head into `resp`; its bytes stay at the start of `rbuf`. A
+/// close or reset before any byte is [`AttemptError::Hangup`].
 pub(super) async fn read_response_head<F: Future<Output = ReadDone>>(
     c: &mut Client<'_, F>,
     stream: &mut Upstream,
     limits: &Limits,
     resp: &mut ResponseHead,
 ) -> Result<(), AttemptError> {
-    let first_byte = Duration::from_millis(limits.upstream_first_byte_timeout_ms);
+    let deadline = clock::now() + Duration::from_millis(limits.upstream_first_byte_timeout_ms);
     c.io.rbuf.clear();
+    let mut received = false;
     loop {
         if !c.io.rbuf.is_empty() {
+            received = true;
             match parse_response(&c.io.rbuf, limits.max_header_bytes, false, resp) {
                 Ok(false) => {}
                 Ok(true) if resp.status == 101 => {
@@ -46,13 +51,13 @@ pub(super) async fn read_response_head<F: Future<Output = ReadDone>>(
                 }
             }
         }
-        let deadline = clock::now() + first_byte;
         match read_upstream(stream, &mut c.io.rbuf, &mut c.reader, deadline).await {
             Err(Interrupt::ClientGone) => return Err(AttemptError::ClientGone),
             Err(Interrupt::Timeout) => return Err(AttemptError::Timeout),
+            Ok(Ok(0)) | Ok(Err(_)) if !received => return Err(AttemptError::Hangup),
             Ok(Ok(0)) | Ok(Err(_)) => {
                 return Err(AttemptError::BadGateway(
-                    "the worker closed the connection before responding",
+                    "the worker closed the connection before its response head's end",
                 ));
             }
             Ok(Ok(_)) => {}

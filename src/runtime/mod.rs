@@ -4,6 +4,7 @@
 
 pub mod buffers;
 pub mod clock;
+pub mod idle_watch;
 pub mod listen;
 pub mod reader;
 pub mod resolve;

@@ -1,14 +1,20 @@
 //! The data path's streams, plain TCP or TLS: a client connection's two halves, and a
 //! worker connection ([`Upstream`]). With TLS each read opens the records it brought in
 //! (into the caller's buffer) and each write seals its bytes first
-//! ([`crate::runtime::tls`]).
+//! ([`crate::runtime::tls`]). An upstream connection carries the watch that keeps it
+//! from being reused after anything arrived while it was idle.
 
 use std::io;
+use std::net::SocketAddr;
+use std::task::Waker;
 
 use monoio::buf::{IoBuf, IoBufMut};
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt, CancelHandle, CancelableAsyncReadRent};
 use monoio::net::TcpStream;
 use monoio::net::tcp::{TcpOwnedReadHalf, TcpOwnedWriteHalf};
+use socket2::{Domain, Protocol, Socket, Type};
+
+use super::idle_watch::IdleWatch;
 
 use super::tls::{Rx, Tx};
 
@@ -162,39 +168,104 @@ impl ClientWrite {
     }
 }
 
-/// A connection to a worker, plain or TLS (`https://` workers), used whole.
-pub enum Upstream {
+/// A connection to a worker, plain or TLS (`https://` workers), used whole, with the
+/// watch that tells whether anything arrived while it was idle ([`IdleWatch`]).
+pub struct Upstream {
+    link: Link,
+    watch: IdleWatch,
+}
+
+enum Link {
     Plain(TcpStream),
     Tls(TcpStream, Box<(Rx, Tx)>),
 }
 
 impl std::fmt::Debug for Upstream {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Upstream::Plain(_) => "Upstream::Plain",
-            Upstream::Tls(..) => "Upstream::Tls",
+        f.write_str(match self.link {
+            Link::Plain(_) => "Upstream::Plain",
+            Link::Tls(..) => "Upstream::Tls",
         })
     }
 }
 
 impl Upstream {
-    /// The socket (a pooled connection's liveness peek).
-    pub fn tcp(&self) -> &TcpStream {
-        match self {
-            Upstream::Plain(s) | Upstream::Tls(s, _) => s,
+    /// A new TCP connection to `addr` (TCP_NODELAY). The socket is connected without
+    /// blocking and duplicated first, so that the idle watch polls its own descriptor.
+    pub async fn connect(addr: SocketAddr) -> io::Result<Upstream> {
+        let socket = Socket::new(
+            Domain::for_address(addr),
+            Type::STREAM.nonblocking(),
+            Some(Protocol::TCP),
+        )?;
+        socket.set_tcp_nodelay(true)?;
+        match socket.connect(&addr.into()) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(nix::errno::Errno::EINPROGRESS as i32) => {}
+            Err(e) => return Err(e),
         }
+        let tcp = std::net::TcpStream::from(socket);
+        let watch = TcpStream::from_std(tcp.try_clone()?)?;
+        watch.writable(false).await?;
+        if let Some(e) = tcp.take_error()? {
+            return Err(e);
+        }
+        // io_uring waits in the kernel on blocking sockets (monoio makes its own so);
+        // epoll needs them non-blocking.
+        if !monoio::utils::is_legacy() {
+            tcp.set_nonblocking(false)?;
+        }
+        Ok(Upstream {
+            link: Link::Plain(TcpStream::from_std(tcp)?),
+            watch: IdleWatch::new(watch),
+        })
+    }
+
+    /// The TCP stream, for the TLS handshake of an `https://` worker.
+    pub fn tcp_mut(&mut self) -> &mut TcpStream {
+        match &mut self.link {
+            Link::Plain(s) | Link::Tls(s, _) => s,
+        }
+    }
+
+    /// From here on, records sealed and opened with `session`'s keys.
+    pub fn secure(self, session: Box<(Rx, Tx)>) -> Upstream {
+        let Upstream { link, watch } = self;
+        let (Link::Plain(tcp) | Link::Tls(tcp, _)) = link;
+        Upstream {
+            link: Link::Tls(tcp, session),
+            watch,
+        }
+    }
+
+    /// The connection goes idle in a pool: its watch is armed and wakes `waker` when
+    /// anything arrives. False when something already has (do not keep it).
+    pub fn go_idle(&mut self, waker: &Waker) -> bool {
+        !self.watch.arm(waker)
+    }
+
+    /// Whether anything (a byte, a FIN, an error) arrived since it went idle; `waker`
+    /// is woken when something does later.
+    pub fn stirred(&mut self, waker: &Waker) -> bool {
+        self.watch.poll(waker)
+    }
+
+    /// Taken from the pool for a request: whether it may carry it (nothing arrived
+    /// while it was idle). The watch's poll completes, unheeded, with the response.
+    pub fn reusable(&mut self) -> bool {
+        !self.watch.fired()
     }
 
     /// One read appended to `buf`'s spare room (with TLS: the plaintext of the records it
     /// completed). `Ok(0)`: end of stream.
     pub async fn read_into(&mut self, buf: Vec<u8>) -> (io::Result<usize>, Vec<u8>) {
-        match self {
-            Upstream::Plain(s) => {
+        match &mut self.link {
+            Link::Plain(s) => {
                 let len = buf.len();
                 let (res, slice) = s.read(buf.slice_mut(len..)).await;
                 (res, slice.into_inner())
             }
-            Upstream::Tls(s, session) => {
+            Link::Tls(s, session) => {
                 let mut buf = buf;
                 let rx = &mut session.0;
                 loop {
@@ -218,12 +289,12 @@ impl Upstream {
 
     /// Writes all of `buf` (sealed first, with TLS) and gives it back.
     pub async fn write_all(&mut self, buf: Vec<u8>) -> (io::Result<()>, Vec<u8>) {
-        match self {
-            Upstream::Plain(s) => {
+        match &mut self.link {
+            Link::Plain(s) => {
                 let (res, buf) = s.write_all(buf).await;
                 (res.map(drop), buf)
             }
-            Upstream::Tls(s, session) => {
+            Link::Tls(s, session) => {
                 let tx = &mut session.1;
                 if let Err(e) = tx.seal(&buf) {
                     return (Err(e), buf);

@@ -34,12 +34,14 @@ pub enum Outcome {
     Unavailable,
     Cancelled,
     ResponseTimeout,
+    /// The client took nothing of a write for `client_send_timeout_ms`.
+    ClientSendTimeout,
     Internal,
     NotImplemented,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 9] = [
+    pub const ALL: [Outcome; 10] = [
         Outcome::Success,
         Outcome::Validation,
         Outcome::NotFound,
@@ -47,6 +49,7 @@ impl Outcome {
         Outcome::Unavailable,
         Outcome::Cancelled,
         Outcome::ResponseTimeout,
+        Outcome::ClientSendTimeout,
         Outcome::Internal,
         Outcome::NotImplemented,
     ];
@@ -68,6 +71,7 @@ impl Outcome {
             Outcome::Unavailable => "unavailable",
             Outcome::Cancelled => "cancelled",
             Outcome::ResponseTimeout => "response_timeout",
+            Outcome::ClientSendTimeout => "client_send_timeout",
             Outcome::Internal => "internal",
             Outcome::NotImplemented => "not_implemented",
         }
@@ -392,6 +396,8 @@ pub struct CoreCounters {
     pub upstream_connects: AtomicU64,
     pub upstream_connect_failures: AtomicU64,
     pub upstream_reuse_retries: AtomicU64,
+    /// Idle pooled connections closed because something arrived on them (bytes or FIN).
+    pub upstream_idle_closed: AtomicU64,
     pub failovers: AtomicU64,
     pub client_disconnects: AtomicU64,
     /// TLS listener handshakes completed, and failed (bad hello, plain text, timeout).

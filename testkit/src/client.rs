@@ -229,6 +229,12 @@ impl Client {
         }
     }
 
+    /// Everything the peer sends until it closes (what was buffered first), raw.
+    pub fn until_closed(&mut self) -> Vec<u8> {
+        while self.fill() {}
+        std::mem::take(&mut self.buf)
+    }
+
     /// Reads until the peer closes; true if it closed (EOF or reset) within the read timeout.
     pub fn closed(&mut self) -> bool {
         let mut tmp = [0u8; 4096];

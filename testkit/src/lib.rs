@@ -1,7 +1,7 @@
 //! Spillway's test kit, shared by `tests/` and `bench/`: fake workers on port 0 and what
-//! they had open at once, a raw HTTP/1.1 client, the proxy started in-process from a TOML
-//! snippet, admin calls, a counting allocator, seeded randomness, and the rule for tests
-//! that need an outside tool.
+//! they had open at once, misbehaving workers scripted byte by byte, a raw HTTP/1.1
+//! client, the proxy started in-process from a TOML snippet, admin calls, a counting
+//! allocator, seeded randomness, and the rule for tests that need an outside tool.
 //!
 //! A test writes `use spillway_testkit::*;` for the common items re-exported here.
 
@@ -20,6 +20,7 @@ pub mod nats;
 pub mod overlap;
 pub mod proxy;
 pub mod rng;
+pub mod script;
 pub mod tls;
 pub mod tools;
 pub mod upstream;
@@ -35,6 +36,7 @@ pub use proxy::{
     ConfigFile, ServerHandle, model, proxy, proxy_file, proxy_with, test_head, worker_name,
 };
 pub use rng::{Rng, seed};
+pub use script::{Script, scripted};
 pub use upstream::{
     Held, Reply, SSE_HEAD, Seen, Step, Upstream, chunk, echo_upstream, json_response, upstream,
     upstream_at, upstream_on,

@@ -16,6 +16,8 @@ pub struct Seen {
     pub body: Vec<u8>,
     /// The head as received, request line to blank line.
     pub head: Vec<u8>,
+    /// Requests received before this one on its connection (0: the connection's first).
+    pub on_connection: usize,
 }
 
 impl Seen {
@@ -49,10 +51,14 @@ pub enum Step {
     Write(Vec<u8>),
     /// Pause.
     Sleep(Duration),
+    /// Write these bytes one at a time, pausing this long before each.
+    Trickle(Vec<u8>, Duration),
     /// Block reading until the proxy closes the connection, record when, then close.
     WaitClose,
     /// Close the connection.
     Close,
+    /// Reset the connection (RST: SO_LINGER 0, then close).
+    Reset,
 }
 
 /// What a fake worker has seen, shared with its threads.
@@ -177,7 +183,10 @@ fn serve(
 ) {
     let _ = stream.set_nodelay(true);
     let mut buf = Vec::new();
-    while let Some(seen) = read_request(&mut stream, &mut buf) {
+    let mut on_connection = 0;
+    while let Some(mut seen) = read_request(&mut stream, &mut buf) {
+        seen.on_connection = on_connection;
+        on_connection += 1;
         let n = state.active.fetch_add(1, Ordering::SeqCst) + 1;
         state.max_active.fetch_max(n, Ordering::SeqCst);
         state.seen.lock().unwrap().push(seen.clone());
@@ -206,6 +215,18 @@ fn run_steps(stream: &mut TcpStream, state: &UpstreamState, steps: Vec<Step>) ->
                 }
             }
             Step::Sleep(d) => std::thread::sleep(d),
+            Step::Trickle(bytes, every) => {
+                for b in bytes {
+                    std::thread::sleep(every);
+                    if stream.write_all(&[b]).is_err() {
+                        return false;
+                    }
+                }
+            }
+            Step::Reset => {
+                let _ = socket2::SockRef::from(&*stream).set_linger(Some(Duration::ZERO));
+                return false;
+            }
             Step::WaitClose => {
                 let mut sink = [0u8; 1024];
                 while let Ok(1..) = stream.read(&mut sink) {}
@@ -256,6 +277,7 @@ fn read_request(stream: &mut TcpStream, buf: &mut Vec<u8>) -> Option<Seen> {
                 headers,
                 body,
                 head,
+                on_connection: 0,
             });
         }
         if !fill(stream, buf) {
