@@ -8,6 +8,7 @@ pub mod limits;
 pub mod request;
 pub mod response;
 pub mod sse;
+mod target;
 pub mod trace;
 pub mod usage;
 pub mod write;
