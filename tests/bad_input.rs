@@ -165,3 +165,54 @@ fn too_many_connections_are_refused_cleanly() {
         d.response().status == 200
     });
 }
+
+/// A path with a dot-segment (`.` or `..`, also percent-encoded) is refused with 400
+/// before routing, so `/v1/../internal/reset` never reaches a worker that would
+/// normalise it to `/internal/reset` (issue 26, item 7). Dots in a query, longer runs of
+/// dots and encoded slashes pass as they are.
+#[test]
+fn dot_segments_are_refused_before_anything_is_forwarded() {
+    let (up, p) = setup("");
+    let body = r#"{"model":"m","messages":[]}"#;
+    for path in [
+        "/v1/../internal/reset",
+        "/v1/%2e%2e/internal/reset",
+        "/v1/%2E%2E/internal/reset",
+        "/v1/.%2e/internal/reset",
+        "/v1/%2e./internal/reset",
+        "/v1/./chat/completions",
+        "/v1/chat/completions/..",
+        "/v1/%2e/chat/completions?x=1",
+        "http://h/v1/../internal/reset",
+    ] {
+        let mut c = Client::connect(p.data_addr);
+        let r = c.request(&post(path, body));
+        assert_eq!(r.status, 400, "{path}: {}", r.text());
+        assert_eq!(
+            r.json()["message"],
+            "malformed request: request path contains a dot-segment",
+            "{path}"
+        );
+        assert!(c.closed(), "{path}: connection stayed open");
+    }
+    assert_eq!(up.count(), 0, "forwarded: {:?}", up.seen());
+    for path in [
+        "/v1/chat/completions?next=/../x",
+        "/v1/.../x",
+        "/v1/.well-known/x",
+        "/v1/%2e%2e%2Finternal",
+    ] {
+        let r = once(p.data_addr, &post(path, body));
+        assert_eq!(r.status, 200, "{path}: {}", r.text());
+    }
+    let paths: Vec<String> = up.seen().into_iter().map(|s| s.path).collect();
+    assert_eq!(
+        paths,
+        [
+            "/v1/chat/completions?next=/../x",
+            "/v1/.../x",
+            "/v1/.well-known/x",
+            "/v1/%2e%2e%2Finternal"
+        ]
+    );
+}

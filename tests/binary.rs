@@ -365,6 +365,32 @@ fn dynamo_flags_and_env_vars_configure_every_model() {
     assert!(err.contains("models[0].router_mode (line 3)"), "{err}");
 }
 
+/// `check-config` refuses a worker URL with credentials (Spillway would drop them), and
+/// neither its output nor its message shows the password (issue 26, item 9).
+#[test]
+fn check_config_refuses_worker_url_credentials_without_showing_them() {
+    let file = ConfigFile::new(
+        "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://user:s3cr3t@127.0.0.1:8000\"\n",
+    );
+    let out = Command::new(BIN)
+        .args(["check-config", file.path.to_str().unwrap()])
+        .output()
+        .unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(!out.status.success(), "{stdout}");
+    assert!(
+        stderr.contains("models[0].workers[0].url (line 4): `http://***@127.0.0.1:8000`: credentials in a worker URL are not supported"),
+        "{stderr}"
+    );
+    assert!(
+        !stdout.contains("s3cr3t") && !stderr.contains("s3cr3t"),
+        "{stdout}{stderr}"
+    );
+}
+
 /// Dynamo's `kv` settings, as its deployments carry them, start and route; a value that
 /// cannot be used fails with the variable's name.
 #[test]

@@ -184,3 +184,37 @@ fn a_changed_prefix_starts_over() {
         assert_eq!(once(p.data_addr, &chat(MODEL)).text(), r#"{"worker":"b"}"#);
     }
 }
+
+/// A value whose URL carries credentials is refused for its worker (issue 26, item 9:
+/// Spillway would not send them), and the other keys' workers serve as before.
+#[test]
+fn a_worker_url_with_credentials_is_left_out() {
+    let Some(etcd) = Etcd::start() else {
+        return;
+    };
+    let (a, b) = (echo_upstream("a"), echo_upstream("b"));
+    let with_credentials = a.url().replace("http://", "http://user:s3cr3t@");
+    let value = format!(r#"{{"url":"{with_credentials}","name":"a"}}"#);
+    // A range read hands keys back in order: once `b` is found, `a` was read.
+    etcd.put("/w/m/a", value.as_bytes(), 0);
+    etcd.put("/w/m/b", &worker_value(&b, "b", ""), 0);
+    let file = ConfigFile::new(&format!("{}{}", test_head(1), config(&etcd, "/w/m/")));
+    let p = proxy_file(&file);
+    let names = || -> Vec<String> {
+        admin_get(p.admin_addr, "/load").json()["workers"]
+            .as_array()
+            .map_or(vec![], |w| {
+                w.iter()
+                    .map(|w| w["worker_id"].as_str().unwrap_or("").to_string())
+                    .collect()
+            })
+    };
+    eventually("b found", Duration::from_secs(10), || {
+        names().contains(&"b".to_string())
+    });
+    assert_eq!(names(), ["b"]);
+    for _ in 0..4 {
+        assert_eq!(once(p.data_addr, &chat(MODEL)).text(), r#"{"worker":"b"}"#);
+    }
+    assert_eq!(a.count(), 0);
+}

@@ -258,3 +258,51 @@ fn models_list_and_unknown_paths() {
     // The connection is still in step after the HEAD.
     assert_eq!(c.request(&get("/v1/models")).status, 200);
 }
+
+/// An absolute-form target goes upstream in origin-form with Host taken from the target
+/// and the client's Host dropped (RFC 9112 §3.2.2, issue 26 item 8); a target with
+/// userinfo or an empty authority is refused with 400 and never forwarded.
+#[test]
+fn absolute_form_target_sets_the_upstream_host() {
+    let up = echo_upstream("a");
+    let p = proxy(1, &model("m", "", &[up.url()]));
+    let body = r#"{"model":"m","messages":[]}"#;
+    let head = |target: &str, host: &str| {
+        format!(
+            "POST {target} HTTP/1.1\r\n{host}content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        )
+    };
+    let mut c = Client::connect(p.data_addr);
+    let r = c.request(head("http://other:9/v1/chat/completions?x=1", "Host: x\r\n").as_bytes());
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = c.request(head("HTTPS://[::1]:8443/v1/completions", "hOsT: x\r\n").as_bytes());
+    assert_eq!(r.status, 200, "{}", r.text());
+    let seen = up.seen();
+    let hosts = |i: usize| -> Vec<&str> {
+        let s = &seen[i];
+        s.headers
+            .iter()
+            .filter(|(k, _)| k.eq_ignore_ascii_case("host"))
+            .map(|(_, v)| v.as_str())
+            .collect()
+    };
+    assert_eq!(seen[0].path, "/v1/chat/completions?x=1");
+    assert_eq!(hosts(0), ["other:9"]);
+    assert_eq!(seen[1].path, "/v1/completions");
+    assert_eq!(hosts(1), ["[::1]:8443"]);
+    for (target, why) in [
+        ("http://u:pw@other:9/v1/chat/completions", "userinfo"),
+        ("http://u@other/v1/chat/completions", "userinfo"),
+        ("http:///v1/chat/completions", "without a host"),
+        ("http://:9/v1/chat/completions", "without a host"),
+    ] {
+        let mut c = Client::connect(p.data_addr);
+        let r = c.request(head(target, "Host: x\r\n").as_bytes());
+        assert_eq!(r.status, 400, "{target}: {}", r.text());
+        let message = r.json()["message"].as_str().unwrap().to_string();
+        assert!(message.contains(why), "{target}: {message}");
+        assert!(c.closed(), "{target}");
+    }
+    assert_eq!(up.count(), 2, "{:?}", up.seen());
+}

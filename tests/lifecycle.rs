@@ -415,6 +415,32 @@ fn admin_token_guards_mutating_endpoints() {
     }
 }
 
+/// Auth schemes are case-insensitive (RFC 9110 §11.1; issue 26, item 10): any case of
+/// `Bearer`, one or more spaces, passes the token check.
+#[test]
+fn admin_token_scheme_is_case_insensitive() {
+    let up = echo_upstream("a");
+    let p = proxy(
+        1,
+        &format!("admin_token = \"s3cret\"\n{}", model("m", "", &[up.url()])),
+    );
+    let call = |auth: &str| {
+        let body = r#"{"model":"m"}"#;
+        let raw = format!(
+            "DELETE /busy_threshold HTTP/1.1\r\nhost: a\r\nauthorization: {auth}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            body.len()
+        );
+        once(p.admin_addr, raw.as_bytes())
+    };
+    for auth in ["BEARER s3cret", "bearer s3cret", "bEaReR   s3cret"] {
+        let r = call(auth);
+        assert_eq!(r.status, 200, "{auth}: {}", r.text());
+    }
+    for auth in ["BEARER s3cre", "BEARERs3cret", "BASIC s3cret"] {
+        assert_eq!(call(auth).status, 401, "{auth}");
+    }
+}
+
 #[test]
 fn admin_token_from_the_environment_overrides_the_file() {
     let up = echo_upstream("a");

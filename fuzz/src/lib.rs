@@ -93,6 +93,18 @@ fn within(span: Span, end: usize) {
     assert!(span.end as usize <= end, "span {span:?} past {end}");
 }
 
+/// Whether a path (before `?`) has a segment that is `.` or `..` once `%2e` is decoded;
+/// written apart from the parser's own check.
+fn has_dot_segment(path: &[u8]) -> bool {
+    let path = path.split(|&b| b == b'#').next().unwrap_or_default();
+    path.split(|&b| b == b'/').any(|segment| {
+        let decoded = String::from_utf8_lossy(segment)
+            .to_ascii_lowercase()
+            .replace("%2e", ".");
+        decoded == "." || decoded == ".."
+    })
+}
+
 /// What must hold of any head `parse_request` accepted from `buf`.
 pub fn check_request_head(buf: &[u8], head: &RequestHead, max_header: usize, max_body: u64) {
     let end = head.head_len;
@@ -104,6 +116,24 @@ pub fn check_request_head(buf: &[u8], head: &RequestHead, max_header: usize, max
     let target = head.target.get(buf);
     assert_eq!(target.first(), Some(&b'/'), "origin-form target");
     assert!(target.starts_with(head.path(buf)));
+    assert!(
+        !has_dot_segment(head.path(buf)),
+        "dot-segment in {target:?}"
+    );
+    if let Some(authority) = head.authority {
+        within(authority, end);
+        let a = authority.get(buf);
+        assert!(!a.is_empty() && !a.contains(&b'@'), "authority {a:?}");
+        for (i, h) in head.headers.iter().enumerate() {
+            if h.name.get(buf).eq_ignore_ascii_case(b"host") {
+                assert_ne!(
+                    head.headers.skip & (1 << i),
+                    0,
+                    "the client's Host forwarded"
+                );
+            }
+        }
+    }
     assert!(head.headers.len <= MAX_HEADERS);
     for h in head.headers.iter() {
         within(h.name, end);

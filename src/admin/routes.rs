@@ -29,11 +29,7 @@ impl Request<'_> {
         let Some(token) = token else { return true };
         let presented = self
             .authorization
-            .and_then(|v| {
-                v.strip_prefix(b"Bearer ")
-                    .or_else(|| v.strip_prefix(b"bearer "))
-            })
-            .map(<[u8]>::trim_ascii)
+            .and_then(bearer_token)
             .unwrap_or_default();
         bool::from(presented.ct_eq(token.as_bytes()))
     }
@@ -60,6 +56,16 @@ impl Request<'_> {
                 | (Method::Post, b"/load" | b"/reload")
         )
     }
+}
+
+/// The token of a `Bearer` credential: the scheme in any case (RFC 9110 §11.1), then one
+/// or more spaces (§11.4), then the token (trimmed).
+fn bearer_token(value: &[u8]) -> Option<&[u8]> {
+    let (scheme, rest) = value.split_at_checked(b"bearer".len())?;
+    if !scheme.eq_ignore_ascii_case(b"bearer") || rest.first() != Some(&b' ') {
+        return None;
+    }
+    Some(rest.trim_ascii())
 }
 
 /// Answers one admin request.
@@ -139,4 +145,45 @@ fn load_state(control: &Control) -> Reply {
         200,
         &serde_json::json!({ "generation": generation, "workers": workers }),
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 26, item 10: the scheme matches in any case, one or more spaces follow it.
+    #[test]
+    fn bearer_scheme_in_any_case() {
+        let req = |auth: &'static str| Request {
+            method: Method::Post,
+            path: b"/load",
+            content_type: None,
+            authorization: Some(auth.as_bytes()),
+            body: b"",
+        };
+        for ok in [
+            "Bearer s3cret",
+            "bearer s3cret",
+            "BEARER s3cret",
+            "bEaReR s3cret",
+            "Bearer   s3cret",
+            "Bearer s3cret ",
+        ] {
+            assert!(req(ok).authorized(Some("s3cret")), "{ok:?}");
+        }
+        for bad in [
+            "Bearer s3cre",
+            "Bearer s3cret2",
+            "Bearers3cret",
+            "Bearer\ts3cret",
+            "Basic s3cret",
+            "Bearer",
+            "Bearer ",
+            "s3cret",
+            "",
+        ] {
+            assert!(!req(bad).authorized(Some("s3cret")), "{bad:?}");
+        }
+        assert!(req("anything").authorized(None));
+    }
 }

@@ -67,52 +67,86 @@ impl serde::Serialize for HostPort {
     }
 }
 
-/// `http://host:port[/]` → its host and port. HTTPS and base paths are refused with a
-/// reason.
+/// Why a worker URL with credentials is refused (nginx and HAProxy take none in an
+/// upstream address either).
+const WORKER_CREDENTIALS: &str = "credentials in a worker URL are not supported: Spillway \
+    does not send them to the worker; the client's own Authorization header is forwarded";
+
+/// Why another `http://` URL (a `metrics_url`, an etcd endpoint) with credentials is.
+const URL_CREDENTIALS: &str =
+    "credentials in this URL are not supported: Spillway does not send them";
+
+/// `http://host:port[/]` → its host and port. HTTPS, credentials and base paths are
+/// refused with a reason.
 pub fn parse_http_url(url: &str) -> Result<HostPort, String> {
-    match parse_worker_url(url)? {
+    match parse_url(url, URL_CREDENTIALS)? {
         (hp, false) => Ok(hp),
-        (_, true) => Err(format!("`{url}`: only http:// is supported here")),
+        (_, true) => Err(format!(
+            "`{}`: only http:// is supported here",
+            redacted(url)
+        )),
     }
 }
 
 /// A worker's `http://` or `https://host:port[/]` → its host and port, and whether it
-/// speaks TLS. Base paths and queries are refused with a reason.
+/// speaks TLS. Credentials (`user:pw@`), base paths and queries are refused with a
+/// reason; no message quotes the credentials.
 pub fn parse_worker_url(url: &str) -> Result<(HostPort, bool), String> {
-    let uri: http::Uri = url
-        .parse()
-        .map_err(|e| format!("`{url}` is not a URL: {e}"))?;
+    parse_url(url, WORKER_CREDENTIALS)
+}
+
+/// `url` for messages, its userinfo (everything between the scheme's `://` and the last
+/// `@`, even a `/` that a password should have percent-encoded) replaced by `***`.
+pub(crate) fn redacted(url: &str) -> std::borrow::Cow<'_, str> {
+    let start = match url.split_once("://") {
+        Some((scheme, _)) if scheme.bytes().all(|b| b.is_ascii_alphanumeric()) => scheme.len() + 3,
+        _ => 0,
+    };
+    match url[start..].rfind('@') {
+        Some(at) => format!("{}***{}", &url[..start], &url[start + at..]).into(),
+        None => url.into(),
+    }
+}
+
+/// [`parse_worker_url`], `credentials` the reason a URL with userinfo is refused. Every
+/// error quotes the URL [`redacted`].
+fn parse_url(url: &str, credentials: &str) -> Result<(HostPort, bool), String> {
+    url_parts(url, credentials).map_err(|why| format!("`{}`{why}", redacted(url)))
+}
+
+/// What [`parse_url`] reads; an error is the message after the quoted URL.
+fn url_parts(url: &str, credentials: &str) -> Result<(HostPort, bool), String> {
+    let uri: http::Uri = url.parse().map_err(|e| format!(" is not a URL: {e}"))?;
     let tls = match uri.scheme_str() {
         Some("http") => false,
         Some("https") => true,
-        _ => return Err(format!("`{url}` must start with http:// or https://")),
+        _ => return Err(" must start with http:// or https://".into()),
     };
+    // The authority's own text: `http` also reads `user:pw@` into it.
+    let authority = uri.authority().map_or("", |a| a.as_str());
+    if authority.contains('@') {
+        return Err(format!(": {credentials}"));
+    }
     if uri.path() != "/" && !uri.path().is_empty() {
-        return Err(format!(
-            "`{url}`: a base path is not supported; requests keep their own path"
-        ));
+        return Err(": a base path is not supported; requests keep their own path".into());
     }
     if uri.query().is_some() {
-        return Err(format!("`{url}`: a query string is not supported"));
+        return Err(": a query string is not supported".into());
     }
-    let host = uri.host().ok_or_else(|| format!("`{url}` has no host"))?;
+    let host = uri.host().ok_or(" has no host")?;
     // `http` reports no port for one it cannot read as a u16 (`:80000`): read the
     // authority's own text, so that such a port is refused rather than taken as 80.
-    let authority = uri.authority().map_or("", |a| a.as_str());
     let after_host = authority
         .rsplit_once(']')
         .map_or(authority, |(_, rest)| rest);
+    let bad_port = ": the port must be a number from 1 to 65535";
     let port = match after_host.rsplit_once(':') {
         None if tls => 443,
         None => 80,
-        Some((_, p)) => p
-            .parse::<u16>()
-            .map_err(|_| format!("`{url}`: the port must be a number from 1 to 65535"))?,
+        Some((_, p)) => p.parse::<u16>().map_err(|_| bad_port)?,
     };
     if port == 0 {
-        return Err(format!(
-            "`{url}`: the port must be a number from 1 to 65535"
-        ));
+        return Err(bad_port.into());
     }
     let host = host
         .trim_start_matches('[')
@@ -210,5 +244,41 @@ mod tests {
                 "{bad}: {e}"
             );
         }
+    }
+
+    /// Issue 26, item 9: a worker URL with credentials is refused, and no message that
+    /// quotes a URL shows its password.
+    #[test]
+    fn credentials_are_refused_and_never_quoted() {
+        for url in [
+            "http://user:s3cr3t@w:8000",
+            "https://user:s3cr3t@w:8443/",
+            "http://s3cr3t@w:8000",
+        ] {
+            let e = parse_worker_url(url).unwrap_err();
+            assert!(e.contains(WORKER_CREDENTIALS), "{e}");
+            assert!(e.contains("***@w:"), "{e}");
+            assert!(!e.contains("s3cr3t"), "{e}");
+            let e = parse_http_url(url).unwrap_err();
+            assert!(e.contains(URL_CREDENTIALS), "{e}");
+            assert!(!e.contains("s3cr3t"), "{e}");
+        }
+        // Every other refusal of a URL with userinfo hides it too.
+        for (url, why) in [
+            ("ftp://user:s3cr3t@w:1", "must start with http://"),
+            ("http://user:s3cr3t@w:1/base", "not supported"),
+            ("http://user:s3/cr3t@w:1", "not supported"),
+            ("http://user:s3cr3t@w:99999", "credentials"),
+            ("http://user:s3 cr3t@w:1", "is not a URL"),
+            ("user:s3cr3t@w:1", "http://"),
+        ] {
+            let e = parse_worker_url(url).unwrap_err();
+            assert!(e.contains(why), "{url}: {e}");
+            assert!(!e.contains("s3cr3t") && !e.contains("cr3t"), "{url}: {e}");
+        }
+        assert_eq!(redacted("http://w:1"), "http://w:1");
+        assert_eq!(redacted("http://u:p@w:1/"), "http://***@w:1/");
+        assert_eq!(redacted("u:p@w:1"), "***@w:1");
+        assert_eq!(redacted("u:a://b@w:1"), "***@w:1");
     }
 }

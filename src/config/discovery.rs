@@ -9,6 +9,7 @@ use std::net::SocketAddr;
 use serde::{Deserialize, Serialize};
 use toml::Spanned;
 
+use super::addr::redacted;
 use super::file::{FileDns, FileEtcd, FileModel, FileNats, FileWorker};
 use super::validate::Validator;
 use super::workers::Key;
@@ -236,8 +237,15 @@ fn dns_server(text: &str) -> Option<HostPort> {
         .filter(|hp| hp.literal().is_some())
 }
 
-/// `nats://host[:port]` (or `host[:port]`); the port defaults to 4222.
+/// `nats://host[:port]` (or `host[:port]`); the port defaults to 4222. Credentials are
+/// refused (the client does not authenticate), and no message quotes them.
 fn nats_server(text: &str) -> Result<HostPort, String> {
+    if text.contains('@') {
+        return Err(format!(
+            "`{}`: credentials in the NATS URL are not supported: Spillway does not send them",
+            redacted(text)
+        ));
+    }
     let rest = text
         .strip_prefix("nats://")
         .unwrap_or(text)

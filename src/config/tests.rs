@@ -201,3 +201,43 @@ fn kv_settings_file_over_flags_over_dynamo_defaults() {
     );
     assert_eq!(kv.router_ttl_secs, 30.0);
 }
+
+/// Issue 26, item 9: credentials in a worker's `url` or `metrics_url` (or an etcd
+/// endpoint) are refused at load, with the key and line, and the password appears in no
+/// message.
+#[test]
+fn url_credentials_are_refused_without_showing_them() {
+    let worker = |keys: &str| format!("[[models]]\nname = \"m\"\n[[models.workers]]\n{keys}");
+    for (text, want) in [
+        (
+            worker("url = \"http://user:s3cr3t@127.0.0.1:8000\"\n"),
+            "models[0].workers[0].url (line 4): `http://***@127.0.0.1:8000`: credentials in a \
+             worker URL are not supported: Spillway does not send them to the worker; the \
+             client's own Authorization header is forwarded",
+        ),
+        (
+            worker("url = \"https://s3cr3t@w.local\"\n"),
+            "models[0].workers[0].url (line 4): `https://***@w.local`: credentials in a worker URL",
+        ),
+        (
+            worker("url = \"http://user:s3cr3t@127.0.0.1:8000/v1\"\n"),
+            "`http://***@127.0.0.1:8000/v1`: credentials in a worker URL",
+        ),
+        (
+            worker("url = \"http://127.0.0.1:8000\"\nmetrics_url = \"http://u:s3cr3t@127.0.0.1:9/m\"\n"),
+            "models[0].workers[0].metrics_url (line 5): `http://***@127.0.0.1:9`: credentials in this URL are not supported",
+        ),
+        (
+            "[[models]]\nname = \"m\"\n[models.etcd]\nendpoints = [\"http://root:s3cr3t@127.0.0.1:2379\"]\nprefix = \"/w/\"\n".to_string(),
+            "models[0].etcd.endpoints (line 4): `http://***@127.0.0.1:2379`: credentials in this URL",
+        ),
+        (
+            "[nats]\nurl = \"nats://user:s3cr3t@127.0.0.1:4222\"\npublish = \"x\"\n".to_string(),
+            "nats.url (line 2): `nats://***@127.0.0.1:4222`: credentials in the NATS URL are not supported",
+        ),
+    ] {
+        let e = parse(&text).unwrap_err().to_string();
+        assert!(e.contains(want), "{text}\n=> {e}\n(want {want})");
+        assert!(!e.contains("s3cr3t"), "{e}");
+    }
+}

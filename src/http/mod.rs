@@ -9,6 +9,7 @@ pub mod reframe;
 pub mod request;
 pub mod response;
 pub mod sse;
+mod target;
 pub mod trace;
 pub mod usage;
 pub mod write;

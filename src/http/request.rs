@@ -1,6 +1,7 @@
 //! Request heads: httparse into a stack array, then offsets, framing and the forwarding mask.
 
 use super::limits::{MAX_HEADERS, MAX_REQUEST_ID_LEN};
+use super::target::parse_target;
 use super::{
     BodyFraming, ConnectionOptions, HeaderList, HeaderSpan, HttpError, Method, Span, is_hop_by_hop,
     list_tokens, name_is, parse_content_length,
@@ -12,7 +13,11 @@ pub struct RequestHead {
     pub method: Method,
     pub method_span: Span,
     /// Origin-form target (`/v1/chat/completions?x=1`); absolute-form is reduced to it.
+    /// Never holds a dot-segment (`.`, `..`, also percent-encoded): those are refused.
     pub target: Span,
+    /// `host[:port]` of an absolute-form target: the upstream Host is taken from it, and
+    /// the client's Host fields are not forwarded (RFC 9112 §3.2.2).
+    pub authority: Option<Span>,
     /// 0 for HTTP/1.0, 1 for HTTP/1.1.
     pub minor_version: u8,
     /// Bytes of the head including the blank line.
@@ -38,6 +43,7 @@ impl Default for RequestHead {
             method: Method::Other,
             method_span: Span::default(),
             target: Span::default(),
+            authority: None,
             minor_version: 1,
             head_len: 0,
             headers: HeaderList::default(),
@@ -106,7 +112,8 @@ pub fn parse_request(
     out.keep_alive = version == 1;
     out.method = Method::from_bytes(method.as_bytes());
     out.method_span = Span::of(buf, method.as_bytes());
-    out.target = origin_form(buf, target.as_bytes())?;
+    let target = parse_target(buf, target.as_bytes())?;
+    (out.target, out.authority) = (target.origin, target.authority);
 
     let mut scan = FieldScan::default();
     for (i, h) in req.headers.iter().enumerate() {
@@ -167,6 +174,9 @@ impl<'a> FieldScan<'a> {
             out.keep_alive = keep_alive_after(out.keep_alive, value, http10);
         } else if name_is(name, "host") {
             self.hosts += 1;
+            if out.authority.is_some() {
+                out.headers.skip |= bit;
+            }
         } else if name_is(name, "expect") {
             out.headers.skip |= bit;
             out.expect_continue |=
@@ -290,27 +300,6 @@ fn classify(buf: &[u8], e: httparse::Error) -> HttpError {
     }
 }
 
-/// Reduces absolute-form (`http://host/path`) to origin-form; rejects other forms.
-fn origin_form(buf: &[u8], target: &[u8]) -> Result<Span, HttpError> {
-    if target.first() == Some(&b'/') {
-        return Ok(Span::of(buf, target));
-    }
-    let lower = |p: &[u8]| target.len() >= p.len() && target[..p.len()].eq_ignore_ascii_case(p);
-    let rest = if lower(b"http://") {
-        &target[7..]
-    } else if lower(b"https://") {
-        &target[8..]
-    } else {
-        return Err(HttpError::Malformed("request target must be a path"));
-    };
-    match memchr::memchr(b'/', rest) {
-        Some(p) => Ok(Span::of(buf, &rest[p..])),
-        None => Err(HttpError::Malformed(
-            "absolute request target without a path",
-        )),
-    }
-}
-
 fn is_echoable_id(v: &[u8]) -> bool {
     !v.is_empty() && v.len() <= MAX_REQUEST_ID_LEN && v.iter().all(|b| b.is_ascii_graphic())
 }
@@ -338,6 +327,8 @@ mod tests {
     type Want = Result<Option<(BodyFraming, bool)>, HttpError>;
 
     const NOT_FINAL: HttpError = HttpError::Malformed("chunked is not the final transfer coding");
+    const DOT: HttpError = HttpError::Malformed("request path contains a dot-segment");
+    const USERINFO: HttpError = HttpError::Malformed("userinfo in the request target");
 
     /// Wire table: raw request → framing and keep-alive, or the refusal.
     const WIRE: &[(&str, Want)] = &[
@@ -484,6 +475,13 @@ mod tests {
             "GET foo HTTP/1.1\r\nHost: a\r\n\r\n",
             Err(HttpError::Malformed("request target must be a path")),
         ),
+        ("POST /v1/../reset HTTP/1.1\r\nHost: a\r\n\r\n", Err(DOT)),
+        ("POST /v1/%2e%2E/x HTTP/1.1\r\nHost: a\r\n\r\n", Err(DOT)),
+        ("GET http://u@h/ HTTP/1.1\r\nHost: a\r\n\r\n", Err(USERINFO)),
+        (
+            "GET http://h/ HTTP/1.0\r\n\r\n",
+            Ok(Some((BodyFraming::None, false))),
+        ),
     ];
 
     #[test]
@@ -556,6 +554,12 @@ mod tests {
         let head = parse(raw).unwrap().unwrap();
         assert_eq!(head.target.get(raw.as_bytes()), b"/v1/completions?x=1");
         assert_eq!(head.path(raw.as_bytes()), b"/v1/completions");
+        assert_eq!(head.authority.unwrap().get(raw.as_bytes()), b"example.com");
+        assert!(head.has_host);
+        assert!(forwarded(raw).is_empty(), "Host comes from the target");
+        let raw = "POST /v1/completions HTTP/1.1\r\nHost: e\r\n\r\n";
+        assert_eq!(parse(raw).unwrap().unwrap().authority, None);
+        assert_eq!(forwarded(raw), ["host"]);
     }
 
     #[test]

@@ -32,10 +32,12 @@ pub fn finish_head(out: &mut Vec<u8>, request_id: &[u8], keep_alive: bool) {
     out.extend_from_slice(b"\r\n");
 }
 
-/// The request head sent upstream: same method and target, HTTP/1.1, forwarded fields,
-/// a de-chunked `content-length`, the extended `x-forwarded-for` and the request id. An
-/// HTTP/1.0 request without Host gets an empty one (RFC 9112 §3.2: HTTP/1.1 requires the
-/// field, empty when the target has no authority).
+/// The request head sent upstream: same method and target (origin-form), HTTP/1.1,
+/// forwarded fields, a de-chunked `content-length`, the extended `x-forwarded-for` and
+/// the request id. An absolute-form target's authority becomes the Host, in place of the
+/// client's (RFC 9112 §3.2.2; the parser marks those fields not to forward). An HTTP/1.0
+/// request without Host gets an empty one (RFC 9112 §3.2: HTTP/1.1 requires the field,
+/// empty when the target has no authority).
 pub fn upstream_request_head(
     out: &mut Vec<u8>,
     buf: &[u8],
@@ -48,8 +50,10 @@ pub fn upstream_request_head(
     out.push(b' ');
     out.extend_from_slice(head.target.get(buf));
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    if !head.has_host {
-        out.extend_from_slice(b"host: \r\n");
+    match head.authority {
+        Some(authority) => header(out, b"host", authority.get(buf)),
+        None if !head.has_host => out.extend_from_slice(b"host: \r\n"),
+        None => {}
     }
     forwarded_fields(out, buf, head.headers.forwarded());
     if body_len > 0 || head.body != BodyFraming::None {
@@ -203,6 +207,39 @@ mod tests {
             "POST /v1/completions HTTP/1.1\r\nhost: \r\ncontent-length: 2\r\n\
              x-forwarded-for: 10.0.0.1\r\nx-request-id: rid\r\n\r\n"
         );
+    }
+
+    /// Wire table: request head in, head sent upstream out (body length 0).
+    const UPSTREAM_HEADS: &[(&str, &str)] = &[
+        (
+            "POST http://other:9/v1/chat/completions HTTP/1.1\r\nHost: x\r\nX-A: 1\r\n\r\n",
+            "POST /v1/chat/completions HTTP/1.1\r\nhost: other:9\r\nX-A: 1\r\n",
+        ),
+        (
+            "GET HTTPS://[::1]:8443/v1/models?a=b HTTP/1.1\r\nX-A: 1\r\nhOsT: x\r\n\r\n",
+            "GET /v1/models?a=b HTTP/1.1\r\nhost: [::1]:8443\r\nX-A: 1\r\n",
+        ),
+        (
+            "POST http://other/v1/completions HTTP/1.0\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\nhost: other\r\n",
+        ),
+        (
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\nHost: x\r\n",
+        ),
+    ];
+
+    #[test]
+    fn upstream_host_from_the_target() {
+        for (raw, want) in UPSTREAM_HEADS {
+            let mut head = RequestHead::default();
+            let done = parse_request(raw.as_bytes(), 4096, 1 << 20, &mut head);
+            assert_eq!(done, Ok(true), "{raw:?}");
+            let mut out = Vec::new();
+            upstream_request_head(&mut out, raw.as_bytes(), &head, 0, b"10.0.0.1", b"rid");
+            let tail = "x-forwarded-for: 10.0.0.1\r\nx-request-id: rid\r\n\r\n";
+            assert_eq!(String::from_utf8(out).unwrap(), format!("{want}{tail}"));
+        }
     }
 
     #[test]

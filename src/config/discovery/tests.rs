@@ -252,6 +252,28 @@ fn etcd_values() {
     );
 }
 
+/// Issue 26, item 9: an etcd value whose URL has credentials leaves its worker out, and
+/// the reason (logged as the warning "etcd worker entry ignored") never shows them.
+#[test]
+fn etcd_value_with_credentials_is_refused_without_showing_them() {
+    for value in [
+        &br#"{"url":"http://user:s3cr3t@10.0.0.1:8000"}"#[..],
+        br#"{"url":"https://s3cr3t@10.0.0.1"}"#,
+        br#"{"url":"http://user:s3cr3t@10.0.0.1:8000/base","dp_size":2}"#,
+    ] {
+        let e = Found::from_etcd("/w/m/e1", "/w/m/", value).unwrap_err();
+        assert!(
+            e.starts_with("key `/w/m/e1`: `http") && e.contains("://***@10.0.0.1"),
+            "{e}"
+        );
+        assert!(
+            e.contains("credentials in a worker URL are not supported"),
+            "{e}"
+        );
+        assert!(!e.contains("s3cr3t"), "{e}");
+    }
+}
+
 fn found(name: &str, port: u16) -> (Found, SocketAddr) {
     let endpoint = HostPort::parse(&format!("127.0.0.1:{port}")).unwrap();
     let mut f = Found::at(endpoint);
