@@ -1,6 +1,7 @@
 //! The official OpenAI Python client (pip package `openai`) against Spillway in front of
-//! the mock engines: streaming and non-streaming chat, completions, and a 529 surfacing as
-//! the client's documented error, over plain HTTP and over TLS. The checks live in
+//! the mock engines: streaming and non-streaming chat, completions, a 529 surfacing as
+//! the client's documented error, and a stream whose worker dies after one event raising
+//! an `APIError` (Spillway's last error event), over plain HTTP and over TLS. The checks live in
 //! tests/openai_client.py.
 //!
 //! Python comes from `SPILLWAY_PYTHON` (a venv with `openai`; .ci/run makes one) or
@@ -11,9 +12,20 @@ use std::process::Command;
 
 use spillway_mock::MockConfig;
 use spillway_testkit::tools::skip_missing_tool;
-use spillway_testkit::{model, proxy, worker_name};
+use spillway_testkit::{SSE_HEAD, Script, Upstream, chunk, model, proxy, scripted, worker_name};
 
 const MODEL: &str = "Qwen/Qwen3-0.6B";
+const BROKEN_MODEL: &str = "broken";
+
+/// A worker whose every stream breaks off (a reset) after one OpenAI chunk.
+fn broken_stream_worker() -> Upstream {
+    let event = format!(
+        "data: {{\"id\":\"c\",\"object\":\"chat.completion.chunk\",\"created\":0,\
+         \"model\":\"{BROKEN_MODEL}\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"Hel\"}},\
+         \"finish_reason\":null}}]}}\n\n"
+    );
+    scripted(move |_, _| Script::new().write(SSE_HEAD).write(chunk(&event)).sleep_ms(20).reset())
+}
 
 #[test]
 fn official_openai_client_works_through_spillway() {
@@ -62,7 +74,13 @@ fn run_checks(tls: Option<&spillway_testkit::tls::Pki>) {
             pki.key.display()
         )
     });
-    let p = proxy(1, &format!("{tls_section}{}", model(MODEL, extra, &urls)));
+    let broken = broken_stream_worker();
+    let models = format!(
+        "{}{}",
+        model(MODEL, extra, &urls),
+        model(BROKEN_MODEL, "", &[broken.url()])
+    );
+    let p = proxy(1, &format!("{tls_section}{models}"));
     let base_url = match tls {
         Some(_) => format!("https://localhost:{}/v1", p.data_addr.port()),
         None => format!("http://{}/v1", p.data_addr),
@@ -79,6 +97,7 @@ fn run_checks(tls: Option<&spillway_testkit::tls::Pki>) {
         .env("ADMIN_URL", format!("http://{}", p.admin_addr))
         .env("MODEL", MODEL)
         .env("WORKERS", workers.join(","))
+        .env("BROKEN_MODEL", BROKEN_MODEL)
         .output()
         .unwrap();
     assert!(

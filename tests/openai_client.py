@@ -1,7 +1,8 @@
 """The official OpenAI Python client against Spillway in front of mock engines.
 
 Run by tests/openai.rs with: BASE_URL (the proxy's /v1), ADMIN_URL, MODEL, WORKERS
-(comma-separated worker names). Exits non-zero on the first failed check.
+(comma-separated worker names), BROKEN_MODEL (served by a worker whose streams break off
+after one event). Exits non-zero on the first failed check.
 """
 
 import json
@@ -14,6 +15,7 @@ BASE_URL = os.environ["BASE_URL"]
 ADMIN_URL = os.environ["ADMIN_URL"]
 MODEL = os.environ["MODEL"]
 WORKERS = os.environ["WORKERS"].split(",")
+BROKEN_MODEL = os.environ["BROKEN_MODEL"]
 
 client = openai.OpenAI(base_url=BASE_URL, api_key="unused", max_retries=0, timeout=30)
 
@@ -58,6 +60,24 @@ text = "".join(
     if c.choices
 )
 assert text.strip(), text
+
+# A stream whose worker dies after one event: the SDK raises Spillway's last error
+# event as an APIError instead of returning a truncated answer as complete.
+stream = client.chat.completions.create(
+    model=BROKEN_MODEL, messages=[{"role": "user", "content": "hi"}], stream=True
+)
+deltas = []
+try:
+    for chunk in stream:
+        deltas.extend(c.delta.content for c in chunk.choices if c.delta.content)
+except openai.APIConnectionError as e:
+    raise AssertionError(f"a broken stream surfaced as a connection error: {e!r}")
+except openai.APIError as e:
+    assert "broke off" in e.message, e.message
+    assert e.body["code"] == 502, e.body
+else:
+    raise AssertionError(f"a broken stream ended as if complete: {deltas}")
+assert deltas == ["Hel"], deltas
 
 # Models list.
 assert MODEL in [m.id for m in client.models.list().data]
