@@ -7,7 +7,7 @@ import json
 import re
 import statistics
 
-TARGETS = ["direct", "spillway", "nginx", "haproxy"]
+TARGETS = ["direct", "spillway", "spillway-base", "nginx", "haproxy"]
 UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
 
 
@@ -254,7 +254,7 @@ def main():
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for t, style in zip(TARGETS, ["k--o", "g-o", "b-s", "r-^"]):
+    for t, style in zip(TARGETS, ["k--o", "g-o", "g:x", "b-s", "r-^"]):
         if t not in summary:
             continue
         ys = [summary[t][r]["p"]["p99"] for r in rates]

@@ -17,7 +17,9 @@
 #
 # Knobs (environment): ROUNDS=3 DURATION=8 RATES="2000 5000 10000" CONNS=64
 # TARGETS="direct spillway nginx haproxy" MAX_SECONDS=570 (watchdog, after installs)
-# BENCH_NICE=-10.
+# BENCH_NICE=-10. SPILLWAY_BASELINE=/path/to/an/older/spillway adds the target
+# `spillway-base`: that binary with the same configuration, measured in the same rounds
+# (what a change costs, beside nginx and HAProxy).
 
 source "$(dirname "${BASH_SOURCE[0]}")/../lib/common.sh"
 
@@ -25,7 +27,12 @@ ROUNDS=${ROUNDS:-3}
 DURATION=${DURATION:-8}
 RATES=${RATES:-"2000 5000 10000"}
 CONNS=${CONNS:-64}
-TARGETS=${TARGETS:-"direct spillway nginx haproxy"}
+BASELINE=${SPILLWAY_BASELINE:-}
+if [[ -n $BASELINE ]]; then
+  TARGETS=${TARGETS:-"direct spillway spillway-base nginx haproxy"}
+else
+  TARGETS=${TARGETS:-"direct spillway nginx haproxy"}
+fi
 MAX_SECONDS=${MAX_SECONDS:-570}
 PROXY_CPU=0
 LOAD_CPU=1
@@ -48,7 +55,7 @@ ensure_spillway
 watchdog "$MAX_SECONDS"
 
 T=$BENCH_TMP
-read -r P_ORIGIN P_SPILLWAY P_ADMIN P_NGINX P_HAPROXY <<<"$(free_ports 5)"
+read -r P_ORIGIN P_SPILLWAY P_ADMIN P_NGINX P_HAPROXY P_BASE A_BASE <<<"$(free_ports 7)"
 
 # --- configurations -------------------------------------------------------------------
 origin_conf "$T/origin" "$P_ORIGIN" 10 >"$T/origin.conf"
@@ -59,10 +66,19 @@ haproxy_proxy_cfg "$PROXY_CPU" "$P_ORIGIN" "127.0.0.1:$P_HAPROXY" >"$T/haproxy.c
 
 # --- processes ------------------------------------------------------------------------
 start_origin_and_proxies
+PID_BASE=""
+if [[ -n $BASELINE ]]; then
+  [[ -x $BASELINE ]] || die "SPILLWAY_BASELINE=$BASELINE is not an executable"
+  spillway_proxy_toml "$PROXY_CPU" "$P_BASE" "$A_BASE" "$P_ORIGIN" >"$T/spillway-base.toml"
+  RUST_LOG=warn spawn $PROXY_CPU spillway-base "$BASELINE" --config "$T/spillway-base.toml"
+  PID_BASE=$SPAWNED
+  wait_port "$P_BASE" "$PID_BASE"
+fi
 
 port_of() {
   case $1 in
     direct) echo "$P_ORIGIN" ;; spillway) echo "$P_SPILLWAY" ;;
+    spillway-base) echo "$P_BASE" ;;
     nginx) echo "$P_NGINX" ;; haproxy) echo "$P_HAPROXY" ;;
   esac
 }
@@ -71,6 +87,7 @@ pids_of() {
   case $1 in
     direct) ;;
     spillway) echo "$PID_SPILLWAY" ;;
+    spillway-base) echo "$PID_BASE" ;;
     nginx) with_children "$PID_NGINX" ;;
     haproxy) echo "$PID_HAPROXY" ;;
   esac
@@ -145,6 +162,9 @@ ELAPSED=$((SECONDS - START))
   echo
   machine_header
   echo "- Tools: $(wrk -v 2>&1 | head -1 | cut -d' ' -f1-2), $(if [[ $RATE_TOOL == wrk2 ]]; then echo "wrk2 ($(command -v wrk2))"; else oha --version; fi), $(nginx -v 2>&1 | sed 's/.*: //'), $(haproxy -v | head -1 | cut -d' ' -f1-3), Python $(python3 -c 'import platform; print(platform.python_version())')"
+  if [[ -n $BASELINE ]]; then
+    echo "- \`spillway-base\`: $("$BASELINE" --version 2>/dev/null | head -1) ($BASELINE), the same configuration, in the same rounds"
+  fi
   echo "- Placement: proxy under test on CPU $PROXY_CPU (Spillway cores=1 cpus=[0] monitor_cpu=0; nginx worker_processes 1 + worker_cpu_affinity 01; HAProxy nbthread 1 + cpu-map 1/1 0; all also under taskset -c 0); origin nginx and the load generator on CPU $LOAD_CPU."
 } >"$T/header.md"
 cp "$T/spillway.log" "$T/spillway-stderr.txt" 2>/dev/null || true
