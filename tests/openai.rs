@@ -24,7 +24,13 @@ fn broken_stream_worker() -> Upstream {
          \"model\":\"{BROKEN_MODEL}\",\"choices\":[{{\"index\":0,\"delta\":{{\"content\":\"Hel\"}},\
          \"finish_reason\":null}}]}}\n\n"
     );
-    scripted(move |_, _| Script::new().write(SSE_HEAD).write(chunk(&event)).sleep_ms(20).reset())
+    scripted(move |_, _| {
+        Script::new()
+            .write(SSE_HEAD)
+            .write(chunk(&event))
+            .sleep_ms(20)
+            .reset()
+    })
 }
 
 #[test]

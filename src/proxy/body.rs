@@ -13,6 +13,7 @@ use crate::http::chunked::Dechunker;
 use crate::http::limits::RETAINED_BUF_MAX;
 use crate::http::{BodyFraming, HttpError};
 use crate::runtime::reader::ReadDone;
+use crate::runtime::stalls::Within;
 
 pub(super) enum BodyError {
     /// The client went away.
@@ -37,9 +38,10 @@ impl Conn {
         if !self.head.expect_continue || reader.buf().len() > self.head.head_len {
             return true;
         }
-        let write = (self.io.writer).write_static(b"HTTP/1.1 100 Continue\r\n\r\n");
-        let res = monoio::time::timeout(self.io.send_timeout, write).await;
-        matches!(res, Ok(Ok(())))
+        let io = &mut self.io;
+        let write = io.writer.write_static(b"HTTP/1.1 100 Continue\r\n\r\n");
+        let res = Within::new(write, &io.stalls, io.send_timeout_ms).await;
+        matches!(res, Some(Ok(())))
     }
 
     pub(super) async fn read_body<F: Future<Output = ReadDone>>(

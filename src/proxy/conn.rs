@@ -12,7 +12,7 @@ use std::io::Write as _;
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use monoio::io::{Canceller, Splitable};
 use monoio::net::TcpStream;
@@ -27,6 +27,7 @@ use crate::http::limits::{IDLE_PROBE_LEN, MAX_REQUEST_ID_LEN};
 use crate::http::request::RequestHead;
 use crate::http::trace::TraceId;
 use crate::runtime::reader::{ClientReader, ReadDone, Released, read_more};
+use crate::runtime::stalls::{Stalls, Within};
 use crate::runtime::stream::{ClientRead, ClientWrite};
 use crate::shed::Class;
 use crate::state::counters::add;
@@ -94,14 +95,15 @@ async fn burst(ctx: Rc<CoreCtx>, parked: Parked) -> Option<(Parked, Instant)> {
     let rbuf = ctx.read_bufs.borrow_mut().take();
     let out = ctx.write_bufs.borrow_mut().take();
     let snap = ctx.snapshot();
-    let send_timeout = Duration::from_millis(snap.config.limits.client_send_timeout_ms);
+    let send_timeout_ms = snap.config.limits.client_send_timeout_ms;
     let mut conn = Conn {
         snap,
         io: ClientIo {
             writer,
             out,
             rbuf,
-            send_timeout,
+            stalls: ctx.stalls.clone(),
+            send_timeout_ms,
         },
         ctx,
         head: RequestHead::default(),
@@ -170,8 +172,7 @@ impl Conn {
         loop {
             self.snap = self.ctx.snapshot();
             self.class = self.snap.config.classes.default;
-            let send_timeout = self.snap.config.limits.client_send_timeout_ms;
-            self.io.send_timeout = Duration::from_millis(send_timeout);
+            self.io.send_timeout_ms = self.snap.config.limits.client_send_timeout_ms;
             match self.read_head(reader.as_mut()).await {
                 HeadRead::Ready => {}
                 HeadRead::Closed => return Ended::Closed,
@@ -252,15 +253,17 @@ impl Conn {
 }
 
 /// The client's write half and the buffers reused for every request. Every write must
-/// finish within `send_timeout` (`client_send_timeout_ms`); one that does not fails with
-/// `TimedOut`, and its buffer stays with the abandoned write (the connection closes).
+/// finish within `client_send_timeout_ms` (checked once a second by the core's keeper,
+/// [`Stalls`]); one that does not fails with `TimedOut`, and its buffer stays with the
+/// abandoned write (the connection closes).
 pub(super) struct ClientIo {
     pub writer: ClientWrite,
     /// The next write to the client; holds the upstream request while it is forwarded.
     pub out: Vec<u8>,
     /// Upstream reads.
     pub rbuf: Vec<u8>,
-    pub send_timeout: Duration,
+    pub stalls: Rc<Stalls>,
+    pub send_timeout_ms: u64,
 }
 
 impl ClientIo {
@@ -297,9 +300,9 @@ impl ClientIo {
     /// buffer comes back.
     async fn write_within(&mut self, buf: Vec<u8>, n: usize) -> (io::Result<()>, Vec<u8>) {
         let write = self.writer.write_prefix(buf, n);
-        match monoio::time::timeout(self.send_timeout, write).await {
-            Ok(done) => done,
-            Err(_) => (Err(io::ErrorKind::TimedOut.into()), Vec::new()),
+        match Within::new(write, &self.stalls, self.send_timeout_ms).await {
+            Some(done) => done,
+            None => (Err(io::ErrorKind::TimedOut.into()), Vec::new()),
         }
     }
 }

@@ -15,6 +15,7 @@ use crate::http::limits::{BUFFER_POOL_IDLE, INITIAL_READ_BUF, WRITE_BUF};
 use crate::route::Rng;
 use crate::route::prefix::MAX_CHUNKS;
 use crate::runtime::buffers::BufferPool;
+use crate::runtime::stalls::Stalls;
 use crate::shed::Knob;
 use crate::state::{BusySet, CoreCounters, Shared, Snapshot};
 
@@ -37,6 +38,8 @@ pub struct CoreCtx {
     pub write_bufs: RefCell<BufferPool>,
     /// Client connections parked without buffers, with their idle deadlines.
     pub parked: RefCell<ParkedConns>,
+    /// Client writes that did not finish at once, with their send deadlines.
+    pub stalls: Rc<Stalls>,
     pub rng: RefCell<Rng>,
     /// Round-robin position per model id.
     rr: RefCell<Vec<u64>>,
@@ -80,6 +83,7 @@ impl CoreCtx {
             read_bufs: RefCell::new(BufferPool::new(INITIAL_READ_BUF, BUFFER_POOL_IDLE)),
             write_bufs: RefCell::new(BufferPool::new(WRITE_BUF, BUFFER_POOL_IDLE)),
             parked: RefCell::new(ParkedConns::default()),
+            stalls: Rc::default(),
             rng: RefCell::new(Rng::new(seed)),
             rr: RefCell::new(Vec::new()),
             routed: RefCell::new(Vec::new()),

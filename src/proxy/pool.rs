@@ -112,9 +112,10 @@ impl Pools {
 }
 
 /// The core's pool keeper: closes idle connections whose watch fired as soon as it
-/// wakes it, and once a second closes idle pooled connections past their timeout, trims
-/// the buffer pools to what the last second needed, closes parked client connections
-/// past their idle timeout, and refreshes the core's gauges.
+/// wakes it, and once a second ends client writes past their send deadline, closes idle
+/// pooled connections past their timeout, trims the buffer pools to what the last second
+/// needed, closes parked client connections past their idle timeout, and refreshes the
+/// core's gauges.
 pub(super) async fn sweep_pools(ctx: Rc<CoreCtx>) {
     loop {
         let mut second = std::pin::pin!(monoio::time::sleep(Duration::from_secs(1)));
@@ -124,6 +125,7 @@ pub(super) async fn sweep_pools(ctx: Rc<CoreCtx>) {
             second.as_mut().poll(cx)
         })
         .await;
+        ctx.stalls.expire(clock::now_ms());
         trim_buffers(&ctx);
         let timeout = ctx
             .shared

@@ -8,6 +8,7 @@ pub mod idle_watch;
 pub mod listen;
 pub mod reader;
 pub mod resolve;
+pub mod stalls;
 pub mod stream;
 pub mod tls;
 

@@ -251,14 +251,27 @@ impl Upstream {
     }
 
     /// Taken from the pool for a request: whether it may carry it (nothing arrived
-    /// while it was idle). The watch's poll completes, unheeded, with the response.
+    /// while it was idle). The watch's read stays armed for the response.
     pub fn reusable(&mut self) -> bool {
         !self.watch.fired()
     }
 
     /// One read appended to `buf`'s spare room (with TLS: the plaintext of the records it
-    /// completed). `Ok(0)`: end of stream.
-    pub async fn read_into(&mut self, buf: Vec<u8>) -> (io::Result<usize>, Vec<u8>) {
+    /// completed). `Ok(0)`: end of stream. The first read after the connection was reused
+    /// is the read its watch armed while it idled.
+    pub async fn read_into(&mut self, mut buf: Vec<u8>) -> (io::Result<usize>, Vec<u8>) {
+        if let Some(res) = std::future::poll_fn(|cx| self.watch.poll_read(cx)).await {
+            let data = self.watch.data();
+            match (&mut self.link, res) {
+                (Link::Plain(_), Ok(n)) => {
+                    buf.extend_from_slice(data);
+                    return (Ok(n), buf);
+                }
+                // Ciphertext: it joins the record stream, opened below.
+                (Link::Tls(_, session), Ok(n)) if n > 0 => session.0.absorb(data),
+                (_, res) => return (res, buf),
+            }
+        }
         match &mut self.link {
             Link::Plain(s) => {
                 let len = buf.len();
@@ -266,7 +279,6 @@ impl Upstream {
                 (res, slice.into_inner())
             }
             Link::Tls(s, session) => {
-                let mut buf = buf;
                 let rx = &mut session.0;
                 loop {
                     match rx.open_into(&mut buf) {
