@@ -2,14 +2,12 @@
 //! place in the FIFO queue (waiting while the client is watched), or a refusal that lets
 //! the request migrate.
 
-use std::future::Future;
 use std::time::Duration;
 
 use super::error::{AttemptError, Refusal};
 use super::watch::{Interrupt, Reader, watched};
 use crate::admission::Ticket;
 use crate::runtime::clock;
-use crate::runtime::reader::ReadDone;
 use crate::shed::{Class, Knob, Why};
 use crate::state::Worker;
 
@@ -17,11 +15,11 @@ use crate::state::Worker;
 /// wait in its queue of at most its `request_queue_timeout_ms`, or the cap `cap_ms` reads
 /// (asked only when the ticket must wait) when less. The ticket gives the slot back when
 /// dropped.
-pub(super) async fn admit<'w, F: Future<Output = ReadDone>>(
+pub(super) async fn admit<'w>(
     worker: &'w Worker,
     class: Class,
     cap_ms: impl FnOnce() -> Option<u64>,
-    reader: &mut Reader<'_, F>,
+    reader: &mut Reader<'_>,
 ) -> Result<Option<Ticket<'w>>, AttemptError> {
     let Some(gate) = worker.gate.as_deref() else {
         return Ok(None);

@@ -4,8 +4,6 @@
 //! connection back to the pool, watched. Guards give back the slot and the tracked load
 //! on every path.
 
-use std::future::Future;
-
 use super::admit::admit;
 use super::connect::{connect_and_send, retry_fresh};
 use super::core::CoreCtx;
@@ -18,7 +16,6 @@ use super::response::{read_response_head, refusal};
 use crate::http::response::ResponseHead;
 use crate::http::write::ClientFraming;
 use crate::runtime::clock;
-use crate::runtime::reader::ReadDone;
 use crate::state::Worker;
 use crate::state::counters::{Stage, add};
 
@@ -29,9 +26,9 @@ pub(super) struct Done {
     pub status: u16,
 }
 
-pub(super) async fn attempt<F: Future<Output = ReadDone>>(
+pub(super) async fn attempt(
     ctx: &CoreCtx,
-    c: &mut Client<'_, F>,
+    c: &mut Client<'_>,
     req: &Outbound<'_>,
     worker: &Worker,
     cached_tokens: u64,

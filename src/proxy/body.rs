@@ -3,7 +3,6 @@
 //! (then 408 "timed out reading the request body"). `Expect: 100-continue` is answered
 //! first when the body is wanted.
 
-use std::future::Future;
 use std::ops::Range;
 use std::time::Duration;
 
@@ -12,7 +11,6 @@ use super::watch::Reader;
 use crate::http::chunked::Dechunker;
 use crate::http::limits::RETAINED_BUF_MAX;
 use crate::http::{BodyFraming, HttpError};
-use crate::runtime::reader::ReadDone;
 use crate::runtime::stalls::Within;
 
 pub(super) enum BodyError {
@@ -31,10 +29,7 @@ pub(super) struct Body {
 impl Conn {
     /// Invites the body with `100 Continue` when the client waits for it. False: the
     /// client is gone.
-    pub(super) async fn continue_100<F: Future<Output = ReadDone>>(
-        &mut self,
-        reader: &Reader<'_, F>,
-    ) -> bool {
+    pub(super) async fn continue_100(&mut self, reader: &Reader<'_>) -> bool {
         if !self.head.expect_continue || reader.buf().len() > self.head.head_len {
             return true;
         }
@@ -44,10 +39,7 @@ impl Conn {
         matches!(res, Some(Ok(())))
     }
 
-    pub(super) async fn read_body<F: Future<Output = ReadDone>>(
-        &mut self,
-        mut reader: Reader<'_, F>,
-    ) -> Result<Body, BodyError> {
+    pub(super) async fn read_body(&mut self, mut reader: Reader<'_>) -> Result<Body, BodyError> {
         let limits = &self.snap.config.limits;
         let head_len = self.head.head_len;
         let gap = Duration::from_millis(limits.body_read_timeout_ms);

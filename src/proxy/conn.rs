@@ -6,7 +6,6 @@
 //! request (or `idle_timeout_ms`). What a request needs from its connection lives in
 //! [`Conn`]; the client's read half is the pinned [`ClientReader`] beside it.
 
-use std::future::Future;
 use std::io;
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -26,7 +25,7 @@ use super::watch::Reader;
 use crate::http::limits::{IDLE_PROBE_LEN, MAX_REQUEST_ID_LEN};
 use crate::http::request::RequestHead;
 use crate::http::trace::TraceId;
-use crate::runtime::reader::{ClientReader, ReadDone, Released, read_more};
+use crate::runtime::reader::{ClientReader, Released};
 use crate::runtime::stalls::{Stalls, Within};
 use crate::runtime::stream::{ClientRead, ClientWrite};
 use crate::shed::Class;
@@ -113,7 +112,7 @@ async fn burst(ctx: Rc<CoreCtx>, parked: Parked) -> Option<(Parked, Instant)> {
         scratch: Vec::new(),
         trace: TraceId::default(),
     };
-    let mut reader = std::pin::pin!(ClientReader::new(half, buf, read_more, canceller));
+    let mut reader = std::pin::pin!(ClientReader::new(half, buf, canceller));
     let ended = conn.run(reader.as_mut()).await;
     if matches!(ended, Ended::Closed) {
         // TLS says it is done (close_notify), so the client can tell an end from a cut.
@@ -168,7 +167,7 @@ pub(super) struct Conn {
 
 impl Conn {
     /// The request loop of a burst.
-    async fn run<F: Future<Output = ReadDone>>(&mut self, mut reader: Reader<'_, F>) -> Ended {
+    async fn run(&mut self, mut reader: Reader<'_>) -> Ended {
         loop {
             self.snap = self.ctx.snapshot();
             self.class = self.snap.config.classes.default;

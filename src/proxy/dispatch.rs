@@ -2,8 +2,6 @@
 //! /v1/models` is answered from the snapshot; the rest gets 404 or 405. Local answers read
 //! and discard the body first, so the connection stays in step.
 
-use std::future::Future;
-
 use super::body::BodyError;
 use super::conn::Conn;
 use super::error::RequestError;
@@ -12,7 +10,6 @@ use super::watch::Reader;
 use crate::http::limits::INITIAL_READ_BUF;
 use crate::http::{BodyFraming, Method};
 use crate::route::Endpoint;
-use crate::runtime::reader::ReadDone;
 use crate::state::counters::add;
 
 /// What a request is, by its path and method.
@@ -41,10 +38,7 @@ impl Route {
 
 impl Conn {
     /// Serves one request whose head is parsed. Returns whether the connection stays open.
-    pub(super) async fn dispatch<F: Future<Output = ReadDone>>(
-        &mut self,
-        reader: Reader<'_, F>,
-    ) -> bool {
+    pub(super) async fn dispatch(&mut self, reader: Reader<'_>) -> bool {
         match Route::of(self.head.path(reader.buf()), self.head.method) {
             Route::Proxy(endpoint) => self.proxy(reader, endpoint).await,
             Route::Models => self.local(reader, None).await,
@@ -53,11 +47,7 @@ impl Conn {
     }
 
     /// Answers locally (`None`: the model list) after reading and discarding the body.
-    async fn local<F: Future<Output = ReadDone>>(
-        &mut self,
-        mut reader: Reader<'_, F>,
-        error: Option<RequestError>,
-    ) -> bool {
+    async fn local(&mut self, mut reader: Reader<'_>, error: Option<RequestError>) -> bool {
         let started = crate::runtime::clock::now();
         let target = Target::of(self, reader.buf());
         let with_body = self.head.method != Method::Head;

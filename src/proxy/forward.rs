@@ -3,8 +3,6 @@
 //! worker is marked down), a worker-local refusal migrates (up to `migration_limit`,
 //! never back to a worker that refused). Counts the outcome once at the end.
 
-use std::future::Future;
-
 use super::attempt::{Done, attempt};
 use super::conn::ClientIo;
 use super::core::CoreCtx;
@@ -17,14 +15,13 @@ use super::watch::Reader;
 use crate::http::limits::{INITIAL_READ_BUF, MAX_WORKER_ID_LEN};
 use crate::route::RouterMode;
 use crate::runtime::clock;
-use crate::runtime::reader::ReadDone;
 use crate::shed::{Knob, Why};
 use crate::state::Worker;
 use crate::state::counters::{DURATION_BUCKETS, ISL_BUCKETS, Outcome, Stage, add};
 
 /// The client side of the connection, lent to the forwarder.
-pub(super) struct Client<'a, F> {
-    pub reader: Reader<'a, F>,
+pub(super) struct Client<'a> {
+    pub reader: Reader<'a>,
     pub io: &'a mut ClientIo,
     pub request_id: &'a [u8],
     pub trail: &'a mut Trail,
@@ -50,11 +47,7 @@ impl From<AttemptError> for Forwarded {
 }
 
 /// Forwards one request. On return its bytes are consumed from the client buffer.
-pub(super) async fn forward<F: Future<Output = ReadDone>>(
-    ctx: &CoreCtx,
-    c: &mut Client<'_, F>,
-    req: &Outbound<'_>,
-) -> Forwarded {
+pub(super) async fn forward(ctx: &CoreCtx, c: &mut Client<'_>, req: &Outbound<'_>) -> Forwarded {
     let cells = &req.model.metrics.cores[ctx.id];
     cells.classed(req.class);
     cells.isl.observe_count(&ISL_BUCKETS, req.prompt_tokens);
@@ -121,7 +114,7 @@ impl WorkerId {
 /// Detaches the request from the client buffer: the body joins the head in `out` (one
 /// write per attempt, kept for migration), the direct-mode worker id is copied, and the
 /// client's bytes are consumed so its socket can be watched from here on.
-fn detach<F: Future<Output = ReadDone>>(c: &mut Client<'_, F>, req: &Outbound<'_>) -> WorkerId {
+fn detach(c: &mut Client<'_>, req: &Outbound<'_>) -> WorkerId {
     let buf = c.reader.buf();
     c.io.out
         .extend_from_slice(buf.get(req.body.clone()).unwrap_or_default());
@@ -150,9 +143,9 @@ struct Tries {
     cached_observed: bool,
 }
 
-async fn exchange<F: Future<Output = ReadDone>>(
+async fn exchange(
     ctx: &CoreCtx,
-    c: &mut Client<'_, F>,
+    c: &mut Client<'_>,
     req: &Outbound<'_>,
     stage: &mut InStage<'_>,
 ) -> Forwarded {

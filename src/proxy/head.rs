@@ -3,7 +3,6 @@
 //! `buffer_release_ms`; once a head has started it must complete within
 //! `header_read_timeout_ms` (else 408 and close).
 
-use std::future::Future;
 use std::time::{Duration, Instant};
 
 use super::conn::Conn;
@@ -11,7 +10,6 @@ use super::watch::Reader;
 use crate::http::HttpError;
 use crate::http::request::parse_request;
 use crate::runtime::clock;
-use crate::runtime::reader::ReadDone;
 
 pub(super) enum HeadRead {
     Ready,
@@ -23,10 +21,7 @@ pub(super) enum HeadRead {
 }
 
 impl Conn {
-    pub(super) async fn read_head<F: Future<Output = ReadDone>>(
-        &mut self,
-        mut reader: Reader<'_, F>,
-    ) -> HeadRead {
+    pub(super) async fn read_head(&mut self, mut reader: Reader<'_>) -> HeadRead {
         let limits = &self.snap.config.limits;
         let mut started: Option<Instant> = None;
         let idle = Duration::from_millis(limits.idle_timeout_ms);

@@ -6,7 +6,6 @@
 //! gets a last error event. SSE events count as generated tokens for tracked load; TTFT
 //! and ITL are observed.
 
-use std::future::Future;
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -25,7 +24,6 @@ use crate::http::usage::{UsageScanner, output_tokens};
 use crate::http::write::{ClientFraming, client_response_head};
 use crate::http::{BodyFraming, Limits};
 use crate::runtime::clock;
-use crate::runtime::reader::ReadDone;
 use crate::state::counters::{
     ITL_BUCKETS, ModelCore, OSL_BUCKETS, Outcome, RequestType, TTFT_BUCKETS,
 };
@@ -64,8 +62,8 @@ impl Timing<'_> {
 
 /// Streams the response whose head is at the start of `rbuf`. Returns whether the
 /// upstream connection can be pooled.
-pub(super) async fn relay<F: Future<Output = ReadDone>>(
-    c: &mut Client<'_, F>,
+pub(super) async fn relay(
+    c: &mut Client<'_>,
     req: &Outbound<'_>,
     cells: &ModelCore,
     stream: &mut Upstream,
@@ -135,11 +133,7 @@ const INVALID_FRAMING: AttemptError =
 
 /// The stream broke off after its head reached the client: an event stream's client gets
 /// a last error event where its framing allows one, and never a clean end.
-async fn broken<F>(
-    c: &mut Client<'_, F>,
-    body: &mut Reframer,
-    why: Break,
-) -> Result<bool, AttemptError> {
+async fn broken(c: &mut Client<'_>, body: &mut Reframer, why: Break) -> Result<bool, AttemptError> {
     if body.fail(&mut c.io.out, why) {
         c.trail.bytes_out += c.io.out.len() as u64;
         write_piece(c, 0, true).await?;
@@ -190,12 +184,7 @@ impl Seen<'_> {
 
 /// Puts the client's response head in `out` (the request there is no longer needed: the
 /// response is committed to this worker) and drops the upstream's from `rbuf`.
-fn begin<F: Future<Output = ReadDone>>(
-    c: &mut Client<'_, F>,
-    req: &Outbound<'_>,
-    resp: &ResponseHead,
-    cf: ClientFraming,
-) {
+fn begin(c: &mut Client<'_>, req: &Outbound<'_>, resp: &ResponseHead, cf: ClientFraming) {
     let keep_client = req.client_keep_alive && cf.allows_keep_alive();
     let (out, rbuf) = (&mut c.io.out, &mut c.io.rbuf);
     out.clear();
@@ -216,11 +205,7 @@ fn begin<F: Future<Output = ReadDone>>(
 /// Writes what `out` holds (the head, the first time; re-chunked or de-chunked pieces)
 /// and, for a `direct` piece, the first `take` bytes of `rbuf`: straight from `rbuf` when
 /// nothing else is queued.
-async fn write_piece<F>(
-    c: &mut Client<'_, F>,
-    take: usize,
-    direct: bool,
-) -> Result<(), AttemptError> {
+async fn write_piece(c: &mut Client<'_>, take: usize, direct: bool) -> Result<(), AttemptError> {
     let io = &mut *c.io;
     let written = if direct && take > 0 && io.out.is_empty() {
         io.write_rbuf(take).await

@@ -3,7 +3,6 @@
 //! the connection's reused buffer, and the request handed to [`super::forward`]; what comes
 //! back is either already relayed, or answered here.
 
-use std::future::Future;
 use std::ops::Range;
 use std::time::Instant;
 
@@ -18,7 +17,6 @@ use crate::http::write::upstream_request_head;
 use crate::route::Endpoint;
 use crate::route::peek::peek;
 use crate::runtime::clock;
-use crate::runtime::reader::ReadDone;
 use crate::shed::Class;
 use crate::state::counters::{RequestType, add};
 use crate::state::{Model, Snapshot};
@@ -99,11 +97,7 @@ impl Conn {
     }
 
     /// Returns whether the connection stays open.
-    pub(super) async fn proxy<F: Future<Output = ReadDone>>(
-        &mut self,
-        mut reader: Reader<'_, F>,
-        endpoint: Endpoint,
-    ) -> bool {
+    pub(super) async fn proxy(&mut self, mut reader: Reader<'_>, endpoint: Endpoint) -> bool {
         let started = clock::now();
         let target = Target::of(self, reader.buf());
         if !self.continue_100(&reader).await {

@@ -4,7 +4,6 @@
 //! heads are skipped; a 529 or 503 before any body byte is a worker-local refusal, so the
 //! request may migrate (ARCHITECTURE.md, "Admission gate").
 
-use std::future::Future;
 use std::time::Duration;
 
 use crate::runtime::stream::Upstream;
@@ -15,12 +14,11 @@ use super::watch::{Interrupt, read_upstream};
 use crate::http::response::{ResponseHead, parse_response};
 use crate::http::{HttpError, Limits};
 use crate::runtime::clock;
-use crate::runtime::reader::ReadDone;
 
 /// Reads the final response head into `resp`; its bytes stay at the start of `rbuf`. A
 /// close or reset before any byte is [`AttemptError::Hangup`].
-pub(super) async fn read_response_head<F: Future<Output = ReadDone>>(
-    c: &mut Client<'_, F>,
+pub(super) async fn read_response_head(
+    c: &mut Client<'_>,
     stream: &mut Upstream,
     limits: &Limits,
     resp: &mut ResponseHead,

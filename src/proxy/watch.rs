@@ -10,11 +10,11 @@ use std::task::Poll;
 use std::time::Instant;
 
 use crate::http::limits::{RESPONSE_READ_BUF, RESPONSE_READ_MIN_SPARE};
-use crate::runtime::reader::{ClientReader, ReadDone};
+use crate::runtime::reader::ClientReader;
 use crate::runtime::stream::Upstream;
 
 /// The client's reader, lent to the stages that watch it.
-pub(super) type Reader<'a, F> = Pin<&'a mut ClientReader<F>>;
+pub(super) type Reader<'a> = Pin<&'a mut ClientReader>;
 
 /// What ended a wait early.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -29,9 +29,9 @@ enum Race<T> {
     Timeout,
 }
 
-async fn race<U: Future, F: Future<Output = ReadDone>>(
+async fn race<U: Future>(
     mut work: Pin<&mut U>,
-    reader: &mut Reader<'_, F>,
+    reader: &mut Reader<'_>,
     mut sleep: Pin<&mut monoio::time::Sleep>,
 ) -> Race<U::Output> {
     std::future::poll_fn(|cx| {
@@ -52,9 +52,9 @@ async fn race<U: Future, F: Future<Output = ReadDone>>(
 /// Waits for `work` until `deadline` while watching the client: pipelined bytes arriving
 /// meanwhile are kept (the watch re-arms only when nothing is buffered); a disconnect
 /// ends the wait.
-pub(super) async fn watched<U: Future, F: Future<Output = ReadDone>>(
+pub(super) async fn watched<U: Future>(
     work: U,
-    reader: &mut Reader<'_, F>,
+    reader: &mut Reader<'_>,
     deadline: Instant,
 ) -> Result<U::Output, Interrupt> {
     let mut sleep = std::pin::pin!(monoio::time::sleep_until(deadline.into()));
@@ -70,10 +70,10 @@ pub(super) async fn watched<U: Future, F: Future<Output = ReadDone>>(
 }
 
 /// One upstream read appended to `rbuf`, while the client is watched.
-pub(super) async fn read_upstream<F: Future<Output = ReadDone>>(
+pub(super) async fn read_upstream(
     stream: &mut Upstream,
     rbuf: &mut Vec<u8>,
-    reader: &mut Reader<'_, F>,
+    reader: &mut Reader<'_>,
     deadline: Instant,
 ) -> Result<io::Result<usize>, Interrupt> {
     if rbuf.capacity() - rbuf.len() < RESPONSE_READ_MIN_SPARE {

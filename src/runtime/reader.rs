@@ -2,7 +2,8 @@
 //! phases of the connection.
 //!
 //! monoio reads take the buffer by value. Dropping an in-flight read would hand the buffer
-//! to the driver (and allocate), so the read future is kept in a pinned slot instead: the
+//! to the driver (and allocate), so the read future is kept in a pinned slot instead
+//! (allocated with the reader, once per burst of requests, and re-armed in place): the
 //! read issued to watch for a client disconnect while the upstream works simply becomes
 //! the read of the next request on a keep-alive connection. A connection that idles gets
 //! its buffer back by cancelling that read ([`ClientReader::release`]); only a closing
@@ -39,27 +40,56 @@ pub enum Released {
     Closed,
 }
 
+/// The read in flight: one concrete future type ([`read_more`]'s), kept in a slot that is
+/// allocated once per [`ClientReader`] and re-armed in place for every read.
+trait Slot {
+    fn start(self: Pin<&mut Self>, half: ClientRead, buf: Vec<u8>, cancel: CancelHandle);
+    /// `Pending` also when no read is in flight.
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ReadDone>;
+}
+
 pin_project_lite::pin_project! {
-    pub struct ClientReader<F> {
+    struct ReadSlot<F> {
         #[pin]
         pending: Option<F>,
-        idle: Option<(ClientRead, Vec<u8>)>,
         start: fn(ClientRead, Vec<u8>, CancelHandle) -> F,
-        canceller: Option<Canceller>,
     }
 }
 
-impl<F: Future<Output = ReadDone>> ClientReader<F> {
-    pub fn new(
-        half: ClientRead,
-        buf: Vec<u8>,
-        start: fn(ClientRead, Vec<u8>, CancelHandle) -> F,
-        canceller: Canceller,
-    ) -> Self {
-        ClientReader {
+impl<F: Future<Output = ReadDone>> Slot for ReadSlot<F> {
+    fn start(self: Pin<&mut Self>, half: ClientRead, buf: Vec<u8>, cancel: CancelHandle) {
+        let mut this = self.project();
+        let start = *this.start;
+        this.pending.set(Some(start(half, buf, cancel)));
+    }
+
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<ReadDone> {
+        let mut this = self.project();
+        let Some(fut) = this.pending.as_mut().as_pin_mut() else {
+            return Poll::Pending;
+        };
+        let done = std::task::ready!(fut.poll(cx));
+        this.pending.set(None);
+        Poll::Ready(done)
+    }
+}
+
+/// A connection's read half with its one read, in flight or not.
+pub struct ClientReader {
+    slot: Pin<Box<dyn Slot>>,
+    idle: Option<(ClientRead, Vec<u8>)>,
+    canceller: Option<Canceller>,
+}
+
+impl ClientReader {
+    pub fn new(half: ClientRead, buf: Vec<u8>, canceller: Canceller) -> Self {
+        let slot = ReadSlot {
             pending: None,
+            start: read_more,
+        };
+        ClientReader {
+            slot: Box::pin(slot),
             idle: Some((half, buf)),
-            start,
             canceller: Some(canceller),
         }
     }
@@ -68,8 +98,7 @@ impl<F: Future<Output = ReadDone>> ClientReader<F> {
     /// in flight (if any) and hands back the half and the buffer, which holds no bytes.
     pub async fn release(mut self: Pin<&mut Self>) -> Released {
         if self.is_reading() {
-            let this = self.as_mut().project();
-            *this.canceller = this.canceller.take().map(Canceller::cancel);
+            self.canceller = self.canceller.take().map(Canceller::cancel);
             match std::future::poll_fn(|cx| self.as_mut().poll_read(cx)).await {
                 Ok(0) => return Released::Closed,
                 Ok(_) => return Released::Data,
@@ -77,14 +106,14 @@ impl<F: Future<Output = ReadDone>> ClientReader<F> {
                 Err(_) => return Released::Closed,
             }
         }
-        let this = self.project();
+        let this = self.get_mut();
         match this.idle.take() {
             Some((half, buf)) if buf.is_empty() => {
                 Released::Idle(half, buf, this.canceller.take().unwrap_or_default())
             }
             // Buffered bytes (callers release an empty reader, but never lose them).
             Some(parts) => {
-                *this.idle = Some(parts);
+                this.idle = Some(parts);
                 Released::Data
             }
             None => Released::Closed,
@@ -98,7 +127,7 @@ impl<F: Future<Output = ReadDone>> ClientReader<F> {
 
     /// The buffer, when no read is in flight.
     pub fn buf_mut(self: Pin<&mut Self>) -> Option<&mut Vec<u8>> {
-        self.project().idle.as_mut().map(|(_, b)| b)
+        self.get_mut().idle.as_mut().map(|(_, b)| b)
     }
 
     pub fn is_reading(&self) -> bool {
@@ -107,7 +136,7 @@ impl<F: Future<Output = ReadDone>> ClientReader<F> {
 
     /// The buffer, unless a read holds it (then it stays with the read).
     pub fn take_buf(self: Pin<&mut Self>) -> Option<Vec<u8>> {
-        self.project().idle.take().map(|(_, buf)| buf)
+        self.get_mut().idle.take().map(|(_, buf)| buf)
     }
 
     /// Drops the first `n` buffered bytes (a finished request), keeping what follows.
@@ -131,10 +160,10 @@ impl<F: Future<Output = ReadDone>> ClientReader<F> {
 
     /// Starts a read unless one is in flight.
     pub fn start(self: Pin<&mut Self>) {
-        let mut this = self.project();
+        let this = self.get_mut();
         if let Some((half, buf)) = this.idle.take() {
             let cancel = this.canceller.get_or_insert_with(Canceller::new).handle();
-            this.pending.set(Some((this.start)(half, buf, cancel)));
+            this.slot.as_mut().start(half, buf, cancel);
         }
     }
 
@@ -150,13 +179,12 @@ impl<F: Future<Output = ReadDone>> ClientReader<F> {
     /// Polls the read in flight. `Ready(Ok(0))` is end of stream. With no read in flight
     /// this stays pending, so a race over it simply never picks this side.
     pub fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<usize>> {
-        let mut this = self.project();
-        let Some(fut) = this.pending.as_mut().as_pin_mut() else {
+        let this = self.get_mut();
+        if this.idle.is_some() {
             return Poll::Pending;
-        };
-        let (half, buf, res) = std::task::ready!(fut.poll(cx));
-        this.pending.set(None);
-        *this.idle = Some((half, buf));
+        }
+        let (half, buf, res) = std::task::ready!(this.slot.as_mut().poll_read(cx));
+        this.idle = Some((half, buf));
         Poll::Ready(res)
     }
 
