@@ -7,6 +7,10 @@ pub const MAX_HEADERS: usize = 96;
 /// Longest `x-request-id` we echo; a longer or non-printable one is replaced by a fresh id.
 pub const MAX_REQUEST_ID_LEN: usize = 128;
 
+/// Length of the request ids Spillway makes (32 hex digits).
+pub const FRESH_REQUEST_ID_LEN: usize = 32;
+const _: () = assert!(FRESH_REQUEST_ID_LEN <= MAX_REQUEST_ID_LEN);
+
 /// Longest `x-worker-id` (direct routing) kept while a request is forwarded.
 pub const MAX_WORKER_ID_LEN: usize = 128;
 

@@ -13,7 +13,7 @@ use monoio::net::{TcpListener, TcpStream};
 
 use super::conn::serve;
 use super::core::CoreCtx;
-use super::pool::sweep_pools;
+use super::keeper::keep;
 use crate::runtime::clock;
 use crate::runtime::listen::{STOP_DRAIN, accept_until_stopped};
 use crate::state::counters::add;
@@ -32,7 +32,7 @@ pub struct Listener {
 /// byte arrives on each; a drain (`STOP_DRAIN`) first lets the requests in flight finish
 /// (up to the drain deadline).
 pub async fn run(ctx: Rc<CoreCtx>, listeners: Vec<Listener>) {
-    monoio::spawn(sweep_pools(ctx.clone()));
+    monoio::spawn(keep(ctx.clone()));
     monoio::spawn(super::log::flush_log(ctx.clone()));
     let loops: Vec<_> = listeners
         .into_iter()

@@ -6,7 +6,7 @@
 use std::ops::Range;
 use std::time::Duration;
 
-use super::conn::Conn;
+use super::session::Session;
 use super::watch::Reader;
 use crate::http::chunked::Dechunker;
 use crate::http::limits::RETAINED_BUF_MAX;
@@ -26,73 +26,71 @@ pub(super) struct Body {
     pub request_end: usize,
 }
 
-impl Conn {
-    /// Invites the body with `100 Continue` when the client waits for it. False: the
-    /// client is gone.
-    pub(super) async fn continue_100(&mut self, reader: &Reader<'_>) -> bool {
-        if !self.head.expect_continue || reader.buf().len() > self.head.head_len {
-            return true;
-        }
-        let io = &mut self.io;
-        let write = io.writer.write_static(b"HTTP/1.1 100 Continue\r\n\r\n");
-        let res = Within::new(write, &io.stalls, io.send_timeout_ms).await;
-        matches!(res, Some(Ok(())))
+/// Invites the body with `100 Continue` when the client waits for it. False: the
+/// client is gone.
+pub(super) async fn continue_100(s: &mut Session, reader: &Reader<'_>) -> bool {
+    if !s.head.expect_continue || reader.buf().len() > s.head.head_len {
+        return true;
     }
+    let io = &mut s.io;
+    let write = io.writer.write_static(b"HTTP/1.1 100 Continue\r\n\r\n");
+    let res = Within::new(write, &io.stalls, io.send_timeout_ms).await;
+    matches!(res, Some(Ok(())))
+}
 
-    pub(super) async fn read_body(&mut self, mut reader: Reader<'_>) -> Result<Body, BodyError> {
-        let limits = &self.snap.config.limits;
-        let head_len = self.head.head_len;
-        let gap = Duration::from_millis(limits.body_read_timeout_ms);
-        let mut dechunker = Dechunker::new(head_len);
-        let total = match self.head.body {
-            BodyFraming::Length(n) => {
-                let total = head_len + n as usize;
-                // One allocation for the body, but only up to what a connection keeps
-                // anyway: a head alone must not reserve up to `max_body_bytes`. A larger
-                // body grows the buffer as its bytes arrive.
-                reader
-                    .as_mut()
-                    .reserve_total(total.min(head_len + RETAINED_BUF_MAX));
-                Some(total)
-            }
-            BodyFraming::Chunked => None,
-            BodyFraming::None | BodyFraming::UntilClose => {
+pub(super) async fn read_body(s: &mut Session, mut reader: Reader<'_>) -> Result<Body, BodyError> {
+    let limits = &s.snap.config.limits;
+    let head_len = s.head.head_len;
+    let gap = Duration::from_millis(limits.body_read_timeout_ms);
+    let mut dechunker = Dechunker::new(head_len);
+    let total = match s.head.body {
+        BodyFraming::Length(n) => {
+            let total = head_len + n as usize;
+            // One allocation for the body, but only up to what a connection keeps
+            // anyway: a head alone must not reserve up to `max_body_bytes`. A larger
+            // body grows the buffer as its bytes arrive.
+            reader
+                .as_mut()
+                .reserve_total(total.min(head_len + RETAINED_BUF_MAX));
+            Some(total)
+        }
+        BodyFraming::Chunked => None,
+        BodyFraming::None | BodyFraming::UntilClose => {
+            return Ok(Body {
+                range: head_len..head_len,
+                request_end: head_len,
+            });
+        }
+    };
+    loop {
+        match total {
+            Some(total) if reader.buf().len() >= total => {
                 return Ok(Body {
-                    range: head_len..head_len,
-                    request_end: head_len,
+                    range: head_len..total,
+                    request_end: total,
                 });
             }
-        };
-        loop {
-            match total {
-                Some(total) if reader.buf().len() >= total => {
-                    return Ok(Body {
-                        range: head_len..total,
-                        request_end: total,
-                    });
-                }
-                Some(_) => {}
-                None => {
-                    if let Some(buf) = reader.as_mut().buf_mut() {
-                        let filled = buf.len();
-                        match dechunker.decode(buf, filled, head_len + limits.max_body_bytes) {
-                            Ok(true) => {
-                                return Ok(Body {
-                                    range: head_len..dechunker.out,
-                                    request_end: dechunker.raw,
-                                });
-                            }
-                            Ok(false) => {}
-                            Err(e) => return Err(BodyError::Bad(e)),
+            Some(_) => {}
+            None => {
+                if let Some(buf) = reader.as_mut().buf_mut() {
+                    let filled = buf.len();
+                    match dechunker.decode(buf, filled, head_len + limits.max_body_bytes) {
+                        Ok(true) => {
+                            return Ok(Body {
+                                range: head_len..dechunker.out,
+                                request_end: dechunker.raw,
+                            });
                         }
+                        Ok(false) => {}
+                        Err(e) => return Err(BodyError::Bad(e)),
                     }
                 }
             }
-            match monoio::time::timeout(gap, reader.as_mut().fill()).await {
-                Ok(Ok(n)) if n > 0 => {}
-                Err(_) => return Err(BodyError::Bad(HttpError::BodyTimeout)),
-                _ => return Err(BodyError::Closed),
-            }
+        }
+        match monoio::time::timeout(gap, reader.as_mut().fill()).await {
+            Ok(Ok(n)) if n > 0 => {}
+            Err(_) => return Err(BodyError::Bad(HttpError::BodyTimeout)),
+            _ => return Err(BodyError::Closed),
         }
     }
 }

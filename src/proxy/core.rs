@@ -11,7 +11,7 @@ use arc_swap::ArcSwap;
 use super::park::ParkedConns;
 use super::pool::Pools;
 use crate::accesslog::CoreLog;
-use crate::http::limits::{BUFFER_POOL_IDLE, INITIAL_READ_BUF, WRITE_BUF};
+use crate::http::limits::{BUFFER_POOL_IDLE, FRESH_REQUEST_ID_LEN, INITIAL_READ_BUF, WRITE_BUF};
 use crate::route::Rng;
 use crate::route::prefix::MAX_CHUNKS;
 use crate::runtime::buffers::BufferPool;
@@ -23,9 +23,6 @@ use crate::state::{BusySet, CoreCounters, Shared, Snapshot};
 /// request touches only this core's count, never the `Arc`'s count shared by all cores.
 #[allow(clippy::redundant_allocation)]
 pub type SnapshotRef = Rc<Arc<Snapshot>>;
-
-/// Length of the request ids Spillway makes (32 hex digits).
-pub const FRESH_REQUEST_ID_LEN: usize = 32;
 
 #[derive(Debug)]
 pub struct CoreCtx {

@@ -3,14 +3,16 @@
 //! and discard the body first, so the connection stays in step.
 
 use super::body::BodyError;
-use super::conn::Conn;
+use super::body::read_body;
 use super::error::RequestError;
 use super::log::Target;
+use super::log::log_local;
+use super::request::proxy;
+use super::session::Session;
 use super::watch::Reader;
 use crate::http::limits::INITIAL_READ_BUF;
 use crate::http::{BodyFraming, Method};
 use crate::route::Endpoint;
-use crate::state::counters::add;
 
 /// What a request is, by its path and method.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -36,52 +38,43 @@ impl Route {
     }
 }
 
-impl Conn {
-    /// Serves one request whose head is parsed. Returns whether the connection stays open.
-    pub(super) async fn dispatch(&mut self, reader: Reader<'_>) -> bool {
-        match Route::of(self.head.path(reader.buf()), self.head.method) {
-            Route::Proxy(endpoint) => self.proxy(reader, endpoint).await,
-            Route::Models => self.local(reader, None).await,
-            Route::Local(e) => self.local(reader, Some(e)).await,
+/// Serves one request whose head is parsed. Returns whether the connection stays open.
+pub(super) async fn dispatch(s: &mut Session, reader: Reader<'_>) -> bool {
+    match Route::of(s.head.path(reader.buf()), s.head.method) {
+        Route::Proxy(endpoint) => proxy(s, reader, endpoint).await,
+        Route::Models => local(s, reader, None).await,
+        Route::Local(e) => local(s, reader, Some(e)).await,
+    }
+}
+
+/// Answers locally (`None`: the model list) after reading and discarding the body.
+async fn local(s: &mut Session, mut reader: Reader<'_>, error: Option<RequestError>) -> bool {
+    let started = crate::runtime::clock::now();
+    let target = Target::of(&s.head, reader.buf());
+    let with_body = s.head.method != Method::Head;
+    // Do not invite a body we would discard: answer and close.
+    let invited = !(s.head.body != BodyFraming::None && s.head.expect_continue);
+    let keep = invited && s.head.keep_alive;
+    if invited {
+        match read_body(s, reader.as_mut()).await {
+            Ok(body) => reader.as_mut().consume(body.request_end, INITIAL_READ_BUF),
+            Err(BodyError::Closed) => return false,
+            Err(BodyError::Bad(e)) => return s.reject_framing(e).await,
         }
     }
-
-    /// Answers locally (`None`: the model list) after reading and discarding the body.
-    async fn local(&mut self, mut reader: Reader<'_>, error: Option<RequestError>) -> bool {
-        let started = crate::runtime::clock::now();
-        let target = Target::of(self, reader.buf());
-        let with_body = self.head.method != Method::Head;
-        // Do not invite a body we would discard: answer and close.
-        let invited = !(self.head.body != BodyFraming::None && self.head.expect_continue);
-        let keep = invited && self.head.keep_alive;
-        if invited {
-            match self.read_body(reader.as_mut()).await {
-                Ok(body) => reader.as_mut().consume(body.request_end, INITIAL_READ_BUF),
-                Err(BodyError::Closed) => return false,
-                Err(BodyError::Bad(e)) => return self.refuse(RequestError::Framing(e)).await,
-            }
+    let status = error.map_or(200, |e| e.status(s.snap.config.overload_status_code));
+    let (keep, bytes_out) = match error {
+        Some(e) => s.answer_counted(e, keep, with_body).await,
+        None => {
+            let out = &mut s.io.out;
+            out.clear();
+            let models = &s.snap.responses.models;
+            models.write(out, s.request_id.get(), keep, with_body);
+            s.io.write_counted(keep).await
         }
-        let status = error.map_or(200, |e| e.status(self.snap.config.overload_status_code));
-        let (keep, bytes_out) = match error {
-            Some(e) => self.answer_counted(e, keep, with_body).await,
-            None => {
-                let out = &mut self.io.out;
-                out.clear();
-                let models = &self.snap.responses.models;
-                models.write(out, self.request_id.get(), keep, with_body);
-                self.io.write_counted(keep).await
-            }
-        };
-        self.log_local(&target, status, started, 0, bytes_out);
-        keep
-    }
-
-    /// Refuses a request whose framing is in doubt (counted as a bad request) and closes.
-    pub(super) async fn refuse(&mut self, e: RequestError) -> bool {
-        add(&self.ctx.counters().bad_requests, 1);
-        self.answer(e, false, true).await;
-        false
-    }
+    };
+    log_local(s, &target, status, started, 0, bytes_out);
+    keep
 }
 
 #[cfg(test)]

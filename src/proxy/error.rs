@@ -8,17 +8,13 @@
 
 use std::borrow::Cow;
 
-use super::core::FRESH_REQUEST_ID_LEN;
 use crate::admission::{AT_CAPACITY, QUEUE_TIMEOUT};
 use crate::http::HttpError;
 use crate::http::canned::{ErrorAnswer, Field, messages, write_error};
-use crate::http::limits::MAX_REQUEST_ID_LEN;
 use crate::route::peek::PeekError;
 use crate::shed::{Class, Knob, Why};
 use crate::state::Snapshot;
 use crate::state::counters::{MigrationReason, Outcome};
-
-const _: () = assert!(FRESH_REQUEST_ID_LEN <= MAX_REQUEST_ID_LEN);
 
 /// A worker-local refusal (semantics §6): the request may move to another worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -4,28 +4,18 @@
 //! never back to a worker that refused). Counts the outcome once at the end.
 
 use super::attempt::{Done, attempt};
-use super::conn::ClientIo;
 use super::core::CoreCtx;
 use super::error::{AttemptError, Refusal, RequestError};
+use super::exchange::Client;
+use super::exchange::Outbound;
 use super::guards::{InStage, Inflight};
-use super::log::Trail;
 use super::pick::{Excluded, pick};
-use super::request::Outbound;
-use super::watch::Reader;
 use crate::http::limits::{INITIAL_READ_BUF, MAX_WORKER_ID_LEN};
 use crate::route::RouterMode;
 use crate::runtime::clock;
 use crate::shed::{Knob, Why};
 use crate::state::Worker;
 use crate::state::counters::{DURATION_BUCKETS, ISL_BUCKETS, Outcome, Stage, add};
-
-/// The client side of the connection, lent to the forwarder.
-pub(super) struct Client<'a> {
-    pub reader: Reader<'a>,
-    pub io: &'a mut ClientIo,
-    pub request_id: &'a [u8],
-    pub trail: &'a mut Trail,
-}
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Forwarded {

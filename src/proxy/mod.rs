@@ -1,17 +1,20 @@
 //! The proxy pipeline: what one core does with its connections. The request's story, one
-//! file per stage, in the order a request meets them:
+//! file per stage, in the order a request meets them; each file imports only files after
+//! it in this list:
 //!
-//! `accept` (connection limit) → `conn` (keep-alive loop) → `head` (read the head) →
-//! `dispatch` (by path and method) → `body` (read the body) → `request` (find the model)
-//! → `forward` (pick, attempt, migrate) → `pick` → `attempt`: `admit` → `connect` (reuse
-//! or connect, send) → `response` (read the worker's head) → `relay` (stream it back).
+//! `accept` (connection limit) → `conn` (bursts of requests, parked between them) →
+//! `head` (read the head) → `dispatch` (by path and method) → `request` (the body, the
+//! model, the upstream head) → `body` → `forward` (pick, attempt, migrate) → `pick` →
+//! `attempt`: `admit` → `connect` (reuse or connect, send) → `response` (the worker's
+//! head) → `relay` (stream it back).
 //!
-//! Between bursts of requests an idle connection waits in `park`, without buffers.
-//!
-//! Around them: `core` (the core's own state), `watch` (waiting while the client is
-//! watched), `pool` (keep-alive pools, the once-a-second sweep), `guards` (what gives
-//! capacity back on drop),
-//! `error` (the errors of the client and upstream boundaries, and their answers).
+//! What the stages share, below them: `exchange` (one proxied request's facts and client
+//! side), `session` (what a connection carries through a burst, and Spillway's own
+//! answers), `log` (the access log's hooks), `guards` (what gives capacity back on drop),
+//! `keeper` (the core's once-a-second and on-watch task), `core` (what a core owns),
+//! `pool` (kept-alive upstream connections), `park` (idle client connections without
+//! buffers), `peer`, `tls` (the listener's handshake), `watch` (waiting while the client
+//! is watched) and `error` (the errors of the client and upstream boundaries).
 
 mod accept;
 mod admit;
@@ -22,16 +25,20 @@ mod connect;
 mod core;
 mod dispatch;
 mod error;
+mod exchange;
 mod forward;
 mod guards;
 mod head;
+mod keeper;
 mod log;
 mod park;
+mod peer;
 mod pick;
 mod pool;
 mod relay;
 mod request;
 mod response;
+mod session;
 mod tls;
 mod watch;
 

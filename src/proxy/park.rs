@@ -8,8 +8,9 @@ use std::time::Instant;
 
 use monoio::io::{CancelableAsyncReadRent, Canceller};
 
-use super::conn::PeerIp;
-use super::core::CoreCtx;
+use std::cell::RefCell;
+
+use super::peer::PeerIp;
 use crate::http::limits::IDLE_PROBE_LEN;
 use crate::runtime::clock;
 use crate::runtime::stream::{ClientRead, ClientWrite};
@@ -64,14 +65,14 @@ impl ParkedConns {
 
 /// A connection's place in [`ParkedConns`]; gives it back on every path.
 struct Place<'a> {
-    ctx: &'a CoreCtx,
+    parked: &'a RefCell<ParkedConns>,
     key: usize,
 }
 
 impl Place<'_> {
     /// The canceller back, unless the sweep used it (the connection idled out).
     fn leave(self) -> Option<Canceller> {
-        let left = self.ctx.parked.borrow_mut().deadlines.try_remove(self.key);
+        let left = self.parked.borrow_mut().deadlines.try_remove(self.key);
         // Already removed: nothing left for `Drop` to do.
         std::mem::forget(self);
         left.and_then(|(_, canceller)| canceller)
@@ -80,13 +81,19 @@ impl Place<'_> {
 
 impl Drop for Place<'_> {
     fn drop(&mut self) {
-        self.ctx.parked.borrow_mut().deadlines.try_remove(self.key);
+        self.parked.borrow_mut().deadlines.try_remove(self.key);
     }
 }
 
-/// Waits, without a buffer, for the first bytes of the next request, until the idle
-/// timeout counted from `since`. None: the client closed or idled out.
-pub(super) async fn park(ctx: &CoreCtx, parked: Parked, since: Instant) -> Option<Parked> {
+/// Waits, without a buffer, for the first bytes of the next request, until `idle_ms`
+/// counted from `since` (among the core's `parked` connections, whose sweep ends the
+/// wait). None: the client closed or idled out.
+pub(super) async fn park(
+    parked: &RefCell<ParkedConns>,
+    conn: Parked,
+    idle_ms: u64,
+    since: Instant,
+) -> Option<Parked> {
     let Parked {
         mut half,
         mut writer,
@@ -94,13 +101,12 @@ pub(super) async fn park(ctx: &CoreCtx, parked: Parked, since: Instant) -> Optio
         canceller,
         probe,
         ..
-    } = parked;
-    let idle_ms = ctx.snapshot().config.limits.idle_timeout_ms;
+    } = conn;
     let idled_ms = clock::since(since).as_millis() as u64;
     let deadline = clock::now_ms().saturating_add(idle_ms.saturating_sub(idled_ms));
     let handle = canceller.handle();
-    let key = (ctx.parked.borrow_mut().deadlines).insert((deadline, Some(canceller)));
-    let place = Place { ctx, key };
+    let key = (parked.borrow_mut().deadlines).insert((deadline, Some(canceller)));
+    let place = Place { parked, key };
     half.park();
     writer.park();
     let (res, probe) = half.tcp().cancelable_read(probe, handle).await;

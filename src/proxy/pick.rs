@@ -5,7 +5,7 @@
 
 use super::core::CoreCtx;
 use super::error::{Refusal, RequestError};
-use super::request::Outbound;
+use super::exchange::Outbound;
 use crate::route::{self, DirectRefusal, MemberState, Pick, RouterMode};
 use crate::runtime::clock;
 use crate::shed::Why;

@@ -12,10 +12,10 @@ use std::time::{Duration, Instant};
 use crate::runtime::stream::Upstream;
 
 use super::error::AttemptError;
-use super::forward::Client;
+use super::exchange::Client;
+use super::exchange::Outbound;
 use super::guards::Tracked;
 use super::log::Trail;
-use super::request::Outbound;
 use super::watch::{Interrupt, read_upstream};
 use crate::http::reframe::{Break, Reframer};
 use crate::http::response::ResponseHead;

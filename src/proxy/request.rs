@@ -4,15 +4,22 @@
 //! back is either already relayed, or answered here.
 
 use std::ops::Range;
-use std::time::Instant;
 
 use super::body::BodyError;
-use super::conn::Conn;
+use super::body::{continue_100, read_body};
 use super::error::RequestError;
-use super::forward::{Client, Forwarded, forward};
+use super::exchange::{Client, Outbound};
+use super::forward::{Forwarded, forward};
+use super::log::Ending;
+use super::log::log_local;
+use super::log::log_request;
 use super::log::{Target, Trail};
+use super::session::Session;
 use super::watch::Reader;
+use crate::config::access_log::TraceParent;
 use crate::http::limits::{INITIAL_READ_BUF, RETAINED_BUF_MAX};
+use crate::http::trace::Inbound;
+use crate::http::trace::inbound;
 use crate::http::write::upstream_request_head;
 use crate::route::Endpoint;
 use crate::route::peek::peek;
@@ -20,28 +27,6 @@ use crate::runtime::clock;
 use crate::shed::Class;
 use crate::state::counters::{RequestType, add};
 use crate::state::{Model, Snapshot};
-
-/// What is being forwarded.
-#[derive(Debug)]
-pub(super) struct Outbound<'a> {
-    pub snap: &'a Snapshot,
-    pub model: &'a Model,
-    pub endpoint: Endpoint,
-    pub request_type: RequestType,
-    pub class: Class,
-    pub prompt_tokens: u64,
-    /// The prompt value (`messages`, `prompt` or `input`) within the body.
-    pub prompt: Range<usize>,
-    /// The de-chunked body within the client buffer.
-    pub body: Range<usize>,
-    /// Bytes of this request (head and raw body) at the start of the client buffer.
-    pub request_end: usize,
-    /// The `x-worker-id` value within the client buffer (direct routing).
-    pub worker_id: Option<Range<usize>>,
-    pub client_minor: u8,
-    pub client_keep_alive: bool,
-    pub started: Instant,
-}
 
 /// What routing needs from a body.
 struct Found<'s> {
@@ -76,100 +61,156 @@ fn find_model<'s>(
     })
 }
 
-impl Conn {
-    /// The class the request's header names, else the model's (an unknown value is no
-    /// error).
-    fn class_of(&self, buf: &[u8], snap: &Snapshot, model: &Model) -> Class {
-        let header = self.head.headers.find(buf, &snap.config.classes.header);
-        header.and_then(Class::parse).unwrap_or(model.class)
-    }
+/// The class the request's header names, else the model's (an unknown value is no
+/// error).
+fn class_of(s: &Session, buf: &[u8], snap: &Snapshot, model: &Model) -> Class {
+    let header = s.head.headers.find(buf, &snap.config.classes.header);
+    header.and_then(Class::parse).unwrap_or(model.class)
+}
 
-    /// The upstream request's head, into the reused `out` buffer, with trace context.
-    fn upstream_head(&mut self, buf: &[u8], body_len: usize) {
-        let create = self.trace_context(buf);
-        let out = &mut self.io.out;
-        out.clear();
-        let (head, rid) = (&self.head, self.request_id.get());
-        upstream_request_head(out, buf, head, body_len, self.peer.get(), rid);
-        if create {
-            self.add_traceparent();
-        }
+/// The upstream request's head, into the reused `out` buffer, with trace context.
+fn upstream_head(s: &mut Session, buf: &[u8], body_len: usize) {
+    let create = trace_context(s, buf);
+    let out = &mut s.io.out;
+    out.clear();
+    let (head, rid) = (&s.head, s.request_id.get());
+    upstream_request_head(out, buf, head, body_len, s.peer.get(), rid);
+    if create {
+        add_traceparent(s);
     }
+}
 
-    /// Returns whether the connection stays open.
-    pub(super) async fn proxy(&mut self, mut reader: Reader<'_>, endpoint: Endpoint) -> bool {
-        let started = clock::now();
-        let target = Target::of(self, reader.buf());
-        if !self.continue_100(&reader).await {
-            return false;
-        }
-        let body = match self.read_body(reader.as_mut()).await {
-            Ok(b) => b,
-            Err(BodyError::Closed) => return false,
-            Err(BodyError::Bad(e)) => return self.refuse(RequestError::Framing(e)).await,
-        };
-        let snap = self.snap.clone();
-        let found = find_model(
-            &snap,
-            reader.buf().get(body.range.clone()).unwrap_or_default(),
-            &mut self.scratch,
-        );
-        let keep = self.head.keep_alive;
-        let found = match found {
-            Ok(found) => found,
-            Err(e) => {
-                add(&self.ctx.counters().bad_requests, 1);
-                reader.as_mut().consume(body.request_end, INITIAL_READ_BUF);
-                let status = e.status(snap.config.overload_status_code);
-                let (keep, bytes_out) = self.answer_counted(e, keep, true).await;
-                let bytes_in = body.request_end as u64;
-                self.log_local(&target, status, started, bytes_in, bytes_out);
-                return keep;
-            }
-        };
-        self.class = self.class_of(reader.buf(), &snap, found.model);
-        let req = Outbound {
-            snap: &snap,
-            model: found.model,
-            endpoint,
-            request_type: found.request_type,
-            class: self.class,
-            prompt_tokens: found.prompt_tokens,
-            prompt: found.prompt,
-            body: body.range,
-            request_end: body.request_end,
-            worker_id: self
-                .head
-                .worker_id
-                .map(|s| s.start as usize..s.end as usize),
-            client_minor: self.head.minor_version,
-            client_keep_alive: keep,
-            started,
-        };
-        self.upstream_head(reader.buf(), req.body.len());
-        let mut trail = Trail::default();
-        let mut client = Client {
-            reader: reader.as_mut(),
-            io: &mut self.io,
-            request_id: self.request_id.get(),
-            trail: &mut trail,
-        };
-        let forwarded = forward(&self.ctx, &mut client, &req).await;
-        let keep = match forwarded {
-            Forwarded::Done { keep_alive, .. } => keep_alive,
-            Forwarded::Aborted(_) => false,
-            Forwarded::Rejected(e) => {
-                let (keep, written) = self.answer_counted(e, keep, true).await;
-                trail.bytes_out += written;
-                keep
-            }
-        };
-        self.log_forwarded(&target, &req, forwarded, &trail);
-        if self.io.out.capacity() > RETAINED_BUF_MAX {
-            // One large body must not pin its buffer on an idle keep-alive connection.
-            self.io.out.clear();
-            self.io.out.shrink_to(4096);
-        }
-        keep
+/// Returns whether the connection stays open.
+pub(super) async fn proxy(s: &mut Session, mut reader: Reader<'_>, endpoint: Endpoint) -> bool {
+    let started = clock::now();
+    let target = Target::of(&s.head, reader.buf());
+    if !continue_100(s, &reader).await {
+        return false;
     }
+    let body = match read_body(s, reader.as_mut()).await {
+        Ok(b) => b,
+        Err(BodyError::Closed) => return false,
+        Err(BodyError::Bad(e)) => return s.reject_framing(e).await,
+    };
+    let snap = s.snap.clone();
+    let found = find_model(
+        &snap,
+        reader.buf().get(body.range.clone()).unwrap_or_default(),
+        &mut s.scratch,
+    );
+    let keep = s.head.keep_alive;
+    let found = match found {
+        Ok(found) => found,
+        Err(e) => {
+            add(&s.ctx.counters().bad_requests, 1);
+            reader.as_mut().consume(body.request_end, INITIAL_READ_BUF);
+            let status = e.status(snap.config.overload_status_code);
+            let (keep, bytes_out) = s.answer_counted(e, keep, true).await;
+            let bytes_in = body.request_end as u64;
+            log_local(s, &target, status, started, bytes_in, bytes_out);
+            return keep;
+        }
+    };
+    s.class = class_of(s, reader.buf(), &snap, found.model);
+    let req = Outbound {
+        snap: &snap,
+        model: found.model,
+        endpoint,
+        request_type: found.request_type,
+        class: s.class,
+        prompt_tokens: found.prompt_tokens,
+        prompt: found.prompt,
+        body: body.range,
+        request_end: body.request_end,
+        worker_id: s.head.worker_id.map(|s| s.start as usize..s.end as usize),
+        client_minor: s.head.minor_version,
+        client_keep_alive: keep,
+        started,
+    };
+    upstream_head(s, reader.buf(), req.body.len());
+    let mut trail = Trail::default();
+    let mut client = Client {
+        reader: reader.as_mut(),
+        io: &mut s.io,
+        request_id: s.request_id.get(),
+        trail: &mut trail,
+    };
+    let forwarded = forward(&s.ctx, &mut client, &req).await;
+    let keep = match forwarded {
+        Forwarded::Done { keep_alive, .. } => keep_alive,
+        Forwarded::Aborted(_) => false,
+        Forwarded::Rejected(e) => {
+            let (keep, written) = s.answer_counted(e, keep, true).await;
+            trail.bytes_out += written;
+            keep
+        }
+    };
+    log_forwarded(s, &target, &req, forwarded, &trail);
+    if s.io.out.capacity() > RETAINED_BUF_MAX {
+        // One large body must not pin its buffer on an idle keep-alive connection.
+        s.io.out.clear();
+        s.io.out.shrink_to(4096);
+    }
+    keep
+}
+
+/// W3C trace context, decided before the upstream head is written: a valid client
+/// `traceparent` (exactly one) goes upstream with its `tracestate` as they are and its
+/// trace id is kept. Otherwise (none, an invalid one, several) the client's
+/// `traceparent` and `tracestate` fields are put in the head's skip mask, and with
+/// `traceparent = "create"` the caller adds a new one ([`add_traceparent`]):
+/// returns whether to. With `"pass"` the request then has no trace id.
+fn trace_context(s: &mut Session, buf: &[u8]) -> bool {
+    let (found, fields) = inbound(&s.head.headers, buf, &mut s.trace);
+    if found == Inbound::Valid {
+        return false;
+    }
+    s.head.headers.skip |= fields;
+    s.snap.config.access_log.traceparent == TraceParent::Create
+}
+
+/// Adds a new `traceparent` to the upstream head in `out`, before its blank line.
+fn add_traceparent(s: &mut Session) {
+    let random = {
+        let mut rng = s.ctx.rng.borrow_mut();
+        [rng.next_u64(), rng.next_u64(), rng.next_u64()]
+    };
+    let out = &mut s.io.out;
+    out.truncate(out.len().saturating_sub(2));
+    s.trace.create(random, out);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The line of a request that went to [`super::forward`].
+fn log_forwarded(
+    s: &Session,
+    target: &Target,
+    req: &Outbound<'_>,
+    forwarded: Forwarded,
+    trail: &Trail,
+) {
+    let overload = req.snap.config.overload_status_code;
+    let (status, knob) = match forwarded {
+        Forwarded::Done { status, .. } => (status, None),
+        Forwarded::Rejected(e) => (e.status(overload), e.knob().map(|k| k.label())),
+        // The worker's status when its head was relayed; else nginx's 499 (client
+        // gone) or 502.
+        Forwarded::Aborted(_) => {
+            let gone = if trail.closed == Some("client") {
+                499
+            } else {
+                502
+            };
+            (trail.status.unwrap_or(gone), None)
+        }
+    };
+    let end = Ending {
+        model: Some(req.model),
+        status,
+        knob,
+        started: req.started,
+        bytes_in: req.request_end as u64,
+        trail,
+    };
+    log_request(s, target, &end);
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::runtime::stream::Upstream;
 
 use super::error::{AttemptError, Refusal};
-use super::forward::Client;
+use super::exchange::Client;
 use super::watch::{Interrupt, read_upstream};
 use crate::http::response::{ResponseHead, parse_response};
 use crate::http::{HttpError, Limits};
