@@ -14,7 +14,8 @@ use std::hint::black_box;
 
 use criterion::{Criterion, Throughput, criterion_group};
 use spillway::config::{Config, Overrides};
-use spillway::monitor::load::{Latches, LoadEvent, LoadTable, Rule, evaluate, parse_events};
+use spillway::monitor::evaluate::{Latches, Rule, evaluate};
+use spillway::monitor::load::{LoadEvent, LoadTable, parse_events};
 use spillway::monitor::{Adaptivity, Monitor};
 use spillway::shed::{RankLoad, Thresholds, rank_busy};
 use spillway::state::{BusySet, Shared, Snapshot};

@@ -1,7 +1,8 @@
 //! The code's shape, checked: the top-level modules of `src/` form layers that only
-//! import downward (so the import graph is a DAG), decision code never touches monoio, no
-//! function runs over 80 lines and no file over 600, and every path ARCHITECTURE.md names
-//! exists. The layer order below is the one ARCHITECTURE.md draws.
+//! import downward (so the import graph is a DAG), no file of `src/` or `mock/src/`
+//! imports one that imports it back (directly or around a loop), decision code never
+//! touches monoio, no function runs over 80 lines and no file over 600, and every path
+//! ARCHITECTURE.md names exists. The layer order below is the one ARCHITECTURE.md draws.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::collections::BTreeSet;
@@ -10,22 +11,21 @@ use std::path::{Path, PathBuf};
 /// Top-level modules of the library, lowest first: each may import only modules before
 /// it in this list.
 const ORDER: &[&str] = &[
-    // decision code
-    "http",
-    "shed",
-    "admission",
-    "route",     // the file and its validation
-    "config",    // rustls material, the record layer
-    "tls",       // shared state
-    "state",     // threads, rings, listeners, clock
-    "runtime",   // the access log's writer thread
-    "accesslog", // clients of DNS, etcd, NATS
-    "fleet",     // what runs on the runtime
-    "monitor",
-    "metrics",
-    "admin",
-    "proxy", // the wiring
-    "server",
+    "http",      // decision code: the HTTP/1.1 codec,
+    "shed",      // the busy rule,
+    "admission", // the admission gate,
+    "route",     // the router
+    "config",    // the file and its validation
+    "tls",       // rustls material, the record layer
+    "state",     // shared state
+    "runtime",   // threads, rings, listeners, clock, streams
+    "accesslog", // the access log's writer thread
+    "fleet",     // clients of DNS, etcd, NATS
+    "monitor",   // what runs on the runtime: the monitor,
+    "metrics",   // the exposition,
+    "admin",     // the admin listener,
+    "proxy",     // the data path
+    "server",    // the wiring
 ];
 
 /// Pure decision code: no runtime, no sockets.
@@ -251,6 +251,236 @@ fn layers_only_import_downward() {
         "upward or unknown imports:\n{}",
         problems.join("\n")
     );
+}
+
+/// A file's module path in its crate (`proxy/conn.rs` → `proxy::conn`; `mod.rs`,
+/// `lib.rs` and `main.rs` are their folder's module).
+fn module_of(src: &Path, file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(src).unwrap().with_extension("");
+    let mut path: Vec<String> = rel
+        .components()
+        .map(|c| c.as_os_str().to_string_lossy().into_owned())
+        .collect();
+    if path
+        .last()
+        .is_some_and(|l| matches!(l.as_str(), "mod" | "lib" | "main"))
+    {
+        path.pop();
+    }
+    path
+}
+
+/// Every path a use tree starting at `rest` names, after `base` (`a::b`, `a::{b, c::d}`,
+/// nested groups); each path as far as it reads.
+fn use_tree(base: &[String], rest: &str, out: &mut Vec<Vec<String>>) {
+    let mut path = base.to_vec();
+    let mut rest = rest;
+    loop {
+        if let Some(group) = rest.strip_prefix('{') {
+            for item in split_group(group) {
+                use_tree(&path, item.trim(), out);
+            }
+            return;
+        }
+        let ident: String = rest
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+            .collect();
+        if ident.is_empty() {
+            break;
+        }
+        rest = &rest[ident.len()..];
+        path.push(ident);
+        match rest.strip_prefix("::") {
+            Some(r) => rest = r.trim_start(),
+            None => break,
+        }
+    }
+    out.push(path);
+}
+
+/// The top-level items of a `{...}` group (its closing brace ends it).
+fn split_group(group: &str) -> Vec<&str> {
+    let (mut depth, mut start, mut items) = (0, 0, Vec::new());
+    for (i, c) in group.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' if depth == 0 => {
+                items.push(&group[start..i]);
+                break;
+            }
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&group[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items
+}
+
+/// Module paths that `code` (of module `module`) names: `crate::…`, `super::…`, `self::…`.
+fn named_modules(module: &[String], code: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let bytes = code.as_bytes();
+    let word_start =
+        |at: usize| at == 0 || !(bytes[at - 1].is_ascii_alphanumeric() || bytes[at - 1] == b'_');
+    for (at, _) in code
+        .match_indices("crate::")
+        .filter(|(at, _)| word_start(*at))
+    {
+        use_tree(&[], &code[at + 7..], &mut out);
+    }
+    for (at, _) in code
+        .match_indices("super::")
+        .filter(|(at, _)| word_start(*at))
+    {
+        if at >= 7 && &code[at - 7..at] == "super::" {
+            continue; // counted from the first `super::` of a chain
+        }
+        let mut rest = &code[at..];
+        let mut up = 0;
+        while let Some(r) = rest.strip_prefix("super::") {
+            up += 1;
+            rest = r;
+        }
+        let base = &module[..module.len().saturating_sub(up)];
+        use_tree(base, rest, &mut out);
+    }
+    for (at, _) in code
+        .match_indices("self::")
+        .filter(|(at, _)| word_start(*at))
+    {
+        use_tree(module, &code[at + 6..], &mut out);
+    }
+    out
+}
+
+/// Files (by module path) in import cycles: each strongly connected component of two or
+/// more files of `crate_files` (module path, code). An import is a path naming another
+/// file's module or an item in it; a module's own descendants do not count (its file
+/// declares them).
+fn file_cycles(crate_files: &[(Vec<String>, String)]) -> Vec<Vec<String>> {
+    let mods: BTreeSet<&Vec<String>> = crate_files.iter().map(|(m, _)| m).collect();
+    let resolve = |path: &[String]| {
+        (1..=path.len())
+            .rev()
+            .find_map(|n| mods.get(&path[..n].to_vec()).copied())
+    };
+    let index: Vec<&Vec<String>> = mods.iter().copied().collect();
+    let pos = |m: &Vec<String>| index.iter().position(|x| *x == m).unwrap();
+    let mut edges = vec![BTreeSet::new(); index.len()];
+    for (m, code) in crate_files {
+        for path in named_modules(m, non_test(&code_only(code))) {
+            if let Some(t) = resolve(&path).filter(|t| *t != m && !t.starts_with(m)) {
+                edges[pos(m)].insert(pos(t));
+            }
+        }
+    }
+    strongly_connected(&edges)
+        .into_iter()
+        .filter(|c| c.len() > 1)
+        .map(|c| c.iter().map(|&i| index[i].join("/")).collect())
+        .collect()
+}
+
+/// Tarjan's strongly connected components of a graph of `edges.len()` nodes.
+fn strongly_connected(edges: &[BTreeSet<usize>]) -> Vec<Vec<usize>> {
+    struct Walk<'a> {
+        edges: &'a [BTreeSet<usize>],
+        index: Vec<Option<usize>>,
+        low: Vec<usize>,
+        stack: Vec<usize>,
+        on_stack: Vec<bool>,
+        next: usize,
+        out: Vec<Vec<usize>>,
+    }
+    fn visit(w: &mut Walk<'_>, v: usize) {
+        w.index[v] = Some(w.next);
+        w.low[v] = w.next;
+        w.next += 1;
+        w.stack.push(v);
+        w.on_stack[v] = true;
+        for &t in w.edges[v].iter() {
+            match w.index[t] {
+                None => {
+                    visit(w, t);
+                    w.low[v] = w.low[v].min(w.low[t]);
+                }
+                Some(i) if w.on_stack[t] => w.low[v] = w.low[v].min(i),
+                Some(_) => {}
+            }
+        }
+        if Some(w.low[v]) == w.index[v] {
+            let mut component = Vec::new();
+            while let Some(t) = w.stack.pop() {
+                w.on_stack[t] = false;
+                component.push(t);
+                if t == v {
+                    break;
+                }
+            }
+            w.out.push(component);
+        }
+    }
+    let n = edges.len();
+    let mut w = Walk {
+        edges,
+        index: vec![None; n],
+        low: vec![0; n],
+        stack: Vec::new(),
+        on_stack: vec![false; n],
+        next: 0,
+        out: Vec::new(),
+    };
+    for v in 0..n {
+        if w.index[v].is_none() {
+            visit(&mut w, v);
+        }
+    }
+    w.out
+}
+
+#[test]
+fn no_file_imports_one_that_imports_it_back() {
+    let mut problems = Vec::new();
+    for dir in ["src", "mock/src"] {
+        let src = root().join(dir);
+        let mut files = Vec::new();
+        rust_files(&src, &mut files);
+        let crate_files: Vec<(Vec<String>, String)> = files
+            .iter()
+            .map(|f| (module_of(&src, f), std::fs::read_to_string(f).unwrap()))
+            .collect();
+        for cycle in file_cycles(&crate_files) {
+            problems.push(format!("{dir}: {}", cycle.join(" → ")));
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "files that import each other around a loop (imports point down only):\n{}",
+        problems.join("\n")
+    );
+}
+
+#[test]
+fn the_cycle_checker_finds_a_loop() {
+    let file = |m: &str, code: &str| {
+        let path = m.split('/').map(String::from).collect::<Vec<_>>();
+        (path, code.to_string())
+    };
+    let files = [
+        file("a", "use super::b::B;"),
+        file("a/inner", "use crate::c::{self, d::D};"),
+        file("b", "use crate::{c::C, e};"),
+        file("c", "fn f() { super::a::x(); }"),
+        file("d", "// crate::a\n#[cfg(test)]\nuse crate::a;"),
+        file("e", "pub struct E;"),
+    ];
+    // a → b → c → a (through a child and a parent); d's imports are a comment and a test.
+    assert_eq!(file_cycles(&files), [["c", "b", "a"].map(String::from)]);
+    assert!(file_cycles(&files[3..]).is_empty());
 }
 
 /// Functions whose body runs over [`MAX_FN_LINES`] lines (from the `fn` line to the

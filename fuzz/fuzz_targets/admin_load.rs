@@ -11,9 +11,8 @@ use std::sync::OnceLock;
 use libfuzzer_sys::fuzz_target;
 use spillway::http::limits::MAX_DP_SIZE;
 use spillway::monitor::Adaptivity;
-use spillway::monitor::load::{
-    Latches, LoadTable, PushError, Rule, evaluate, evaluate_due, parse_events,
-};
+use spillway::monitor::evaluate::{Latches, Rule, evaluate, evaluate_due};
+use spillway::monitor::load::{LoadTable, PushError, parse_events};
 use spillway::shed::Thresholds;
 use spillway::state::{BusySet, Snapshot};
 use spillway::{Config, Overrides};

@@ -3,13 +3,11 @@
 
 use std::fmt::Write as _;
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::rc::Rc;
 use std::time::{Duration, Instant};
 
 use monoio::buf::IoBufMut;
 use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 
-use super::server::Mock;
 use super::sim::{EngineConfig, Load};
 use crate::clock;
 
@@ -86,8 +84,14 @@ pub fn event(out: &mut String, worker: &str, cfg: &EngineConfig, load: &Load) {
 /// How often a failing push is logged at warn level; the rest go to debug.
 const WARN_EVERY: Duration = Duration::from_secs(10);
 
+/// What a push reports: the engine's shape and its load now (the mock server is one).
+pub(crate) trait Reports {
+    fn engine_config(&self) -> &EngineConfig;
+    fn load(&self) -> Load;
+}
+
 /// Pushes an event every `interval` until the runtime ends. Never fatal.
-pub(crate) async fn run(mock: Rc<Mock>, target: Target, worker: String, interval: Duration) {
+pub(crate) async fn run(mock: impl Reports, target: Target, worker: String, interval: Duration) {
     let timeout = interval.max(Duration::from_millis(500));
     let mut body = String::with_capacity(256);
     let mut failing_since: Option<Instant> = None;

@@ -17,9 +17,9 @@ use monoio::net::TcpStream;
 pub use error::{AdminError, Reply};
 pub use routes::Request;
 
-use crate::http::canned::{canonical_reason, status_line};
 use crate::http::limits::{MAX_ADMIN_BODY, MAX_ADMIN_HEAD};
 use crate::http::request::{RequestHead, parse_request};
+use crate::http::write::{canonical_reason, status_line};
 use crate::http::{BodyFraming, HttpError, Method};
 use crate::monitor::Control;
 use crate::runtime::clock;

@@ -1,22 +1,11 @@
 //! `[access_log]` checked into [`AccessLogConfig`]: where lines go, their format (JSON lines
 //! or an nginx-like template of `$fields`), sampling, and W3C trace context.
 
-use serde::{Deserialize, Serialize};
-use toml::Spanned;
+use serde::Serialize;
 
+use super::file::FileAccessLog;
 use super::validate::Validator;
 use super::*;
-
-/// `[access_log]` as written.
-#[derive(Debug, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct FileAccessLog {
-    pub path: Option<Spanned<String>>,
-    pub format: Option<Spanned<String>>,
-    pub text_format: Option<Spanned<String>>,
-    pub sample: Option<Spanned<u32>>,
-    pub traceparent: Option<Spanned<String>>,
-}
 
 /// Where access log lines go.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

@@ -29,7 +29,7 @@ pub struct FileConfig {
     pub classes: FileClasses,
     pub nats: Option<FileNats>,
     pub tls: Option<FileTls>,
-    pub access_log: Option<super::access_log::FileAccessLog>,
+    pub access_log: Option<FileAccessLog>,
     #[serde(default)]
     pub models: Vec<FileModel>,
 }
@@ -165,4 +165,15 @@ pub struct FileWorker {
     pub engine_request_limit: Option<Spanned<u32>>,
     pub request_queue_limit: Option<Spanned<u32>>,
     pub request_queue_timeout_ms: Option<Spanned<u64>>,
+}
+
+/// `[access_log]` as written.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileAccessLog {
+    pub path: Option<Spanned<String>>,
+    pub format: Option<Spanned<String>>,
+    pub text_format: Option<Spanned<String>>,
+    pub sample: Option<Spanned<u32>>,
+    pub traceparent: Option<Spanned<String>>,
 }

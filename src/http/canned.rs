@@ -1,6 +1,6 @@
 //! Responses Spillway answers itself, rendered once (at config load) and copied on use.
 
-use super::write::finish_head;
+use super::write::{canonical_reason, finish_head, status_line};
 
 /// The messages of Spillway's own answers that the spec fixes (semantics §4).
 pub mod messages {
@@ -158,25 +158,6 @@ fn write_field(w: &mut impl std::io::Write, name: &str, value: Field<'_>) -> std
         Field::Num(_) => write!(w, "null")?,
     }
     Ok(())
-}
-
-pub fn status_line(out: &mut Vec<u8>, status: u16, reason: &[u8]) {
-    out.extend_from_slice(b"HTTP/1.1 ");
-    out.extend_from_slice(itoa::Buffer::new().format(status).as_bytes());
-    out.push(b' ');
-    out.extend_from_slice(reason);
-    out.extend_from_slice(b"\r\n");
-}
-
-/// The registered reason phrase, with 529 named as the de-facto "Site is overloaded".
-pub fn canonical_reason(status: u16) -> &'static str {
-    match status {
-        529 => "Site is overloaded",
-        _ => http::StatusCode::from_u16(status)
-            .ok()
-            .and_then(|s| s.canonical_reason())
-            .unwrap_or("Unknown"),
-    }
 }
 
 #[cfg(test)]

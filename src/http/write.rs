@@ -1,7 +1,6 @@
 //! Head rewriting: what goes upstream and what goes back to the client. Appends to a
 //! reused buffer; allocates only if that buffer must grow.
 
-use super::canned::{canonical_reason, status_line};
 use super::request::RequestHead;
 use super::response::ResponseHead;
 use super::{BodyFraming, HeaderSpan};
@@ -20,6 +19,25 @@ fn forwarded_fields<'a>(
 ) {
     for h in fields {
         header(out, h.name.get(buf), h.value.get(buf));
+    }
+}
+
+pub fn status_line(out: &mut Vec<u8>, status: u16, reason: &[u8]) {
+    out.extend_from_slice(b"HTTP/1.1 ");
+    out.extend_from_slice(itoa::Buffer::new().format(status).as_bytes());
+    out.push(b' ');
+    out.extend_from_slice(reason);
+    out.extend_from_slice(b"\r\n");
+}
+
+/// The registered reason phrase, with 529 named as the de-facto "Site is overloaded".
+pub fn canonical_reason(status: u16) -> &'static str {
+    match status {
+        529 => "Site is overloaded",
+        _ => http::StatusCode::from_u16(status)
+            .ok()
+            .and_then(|s| s.canonical_reason())
+            .unwrap_or("Unknown"),
     }
 }
 

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use super::load::members_by_slot;
+use super::evaluate::members_by_slot;
 use crate::config::{Addrs, Config, Found, WorkerConfig};
 use crate::state::{Registry, Snapshot};
 use crate::state::{SlotMap, SlotSet};
@@ -247,7 +247,8 @@ mod tests {
     }
 
     use super::super::adaptive::Adaptivity;
-    use super::super::load::{Latches, LoadTable, Rule, evaluate, evaluate_members, parse_events};
+    use super::super::evaluate::{Latches, Rule, evaluate, evaluate_members};
+    use super::super::load::{LoadTable, parse_events};
     use crate::state::BusySet;
     use std::collections::HashMap;
 

@@ -346,14 +346,10 @@ fn apply(w: &mut WorkerLoad, e: &LoadEvent, now: u64) {
     }
 }
 
-pub use super::evaluate::{
-    Latches, Rule, evaluate, evaluate_due, evaluate_members, evaluate_slots, load_permille,
-    members_by_slot,
-};
-
 #[cfg(test)]
 mod tests {
     use super::super::adaptive::Adaptivity;
+    use super::super::evaluate::{Latches, Rule, evaluate};
     use super::*;
     use crate::config::{Config, Overrides};
     use crate::shed::{Class, Thresholds};

@@ -6,7 +6,7 @@
 mod adaptive;
 mod control;
 mod discover;
-mod evaluate;
+pub mod evaluate;
 mod event;
 mod fanout;
 mod fleet;
@@ -23,8 +23,9 @@ use std::sync::Arc;
 pub use adaptive::Adaptivity;
 pub use control::{Command, Control, ReloadError, reload};
 pub use discover::supervise;
+use evaluate::Latches;
 pub use fleet::{BUILD_INTERVAL_MS, Fleet, NatsRole, SourceState};
-use load::{Latches, LoadTable, Timed};
+use load::{LoadTable, Timed};
 pub use report::{RankReport, WorkerReport};
 
 use crate::shed::Thresholds;
@@ -46,9 +47,9 @@ pub struct Monitor {
     scratch: BusySet,
     published: Arc<BusySet>,
     pub publishes: u64,
-    /// Per member id: when its entry next changes by itself (see [`load::Rule`]).
+    /// Per member id: when its entry next changes by itself (see [`evaluate::Rule`]).
     recheck: Vec<u64>,
-    /// [`load::members_by_slot`] of the snapshot with this generation.
+    /// [`evaluate::members_by_slot`] of the snapshot with this generation.
     slot_index: (u64, SlotMap<Vec<(u32, u32)>>),
     /// Positions of the workers with the `tracked` source in the snapshot with this
     /// generation (the tick folds only theirs in).
@@ -137,7 +138,7 @@ impl Monitor {
         for &id in &change.left {
             self.scratch.clear_member(id);
         }
-        let rule = load::Rule {
+        let rule = evaluate::Rule {
             thresholds: &self.thresholds,
             adaptivity: &self.adaptivity,
             latches: &mut self.latches,
@@ -145,7 +146,7 @@ impl Monitor {
         };
         let members = change.evaluate.iter().copied();
         let changed =
-            load::evaluate_members(snap, &self.table, rule, now, &mut self.scratch, members);
+            evaluate::evaluate_members(snap, &self.table, rule, now, &mut self.scratch, members);
         if !changed && (change.left.is_empty() || self.scratch == *self.published) {
             return false;
         }
@@ -198,13 +199,13 @@ impl Monitor {
     /// replica before returning. Returns whether it published.
     pub fn publish(&mut self, shared: &Shared, snap: &Snapshot, now: u64) -> bool {
         self.publish_loads(snap, now);
-        let rule = load::Rule {
+        let rule = evaluate::Rule {
             thresholds: &self.thresholds,
             adaptivity: &self.adaptivity,
             latches: &mut self.latches,
             recheck: &mut self.recheck,
         };
-        load::evaluate(snap, &self.table, rule, now, &mut self.scratch);
+        evaluate::evaluate(snap, &self.table, rule, now, &mut self.scratch);
         if self.scratch == *self.published {
             return false;
         }
@@ -213,17 +214,17 @@ impl Monitor {
     }
 
     /// The periodic pass: evaluates again only the members whose entry may have changed
-    /// by itself ([`load::evaluate_due`]) and publishes when one did. Returns whether it
+    /// by itself ([`evaluate::evaluate_due`]) and publishes when one did. Returns whether it
     /// published.
     pub fn publish_due(&mut self, shared: &Shared, snap: &Snapshot, now: u64) -> bool {
         self.publish_loads(snap, now);
-        let rule = load::Rule {
+        let rule = evaluate::Rule {
             thresholds: &self.thresholds,
             adaptivity: &self.adaptivity,
             latches: &mut self.latches,
             recheck: &mut self.recheck,
         };
-        if !load::evaluate_due(snap, &self.table, rule, now, &mut self.scratch) {
+        if !evaluate::evaluate_due(snap, &self.table, rule, now, &mut self.scratch) {
             return false;
         }
         self.store(shared);
@@ -241,16 +242,16 @@ impl Monitor {
         slots: &SlotSet,
     ) -> bool {
         if self.slot_index.0 != snap.generation {
-            self.slot_index = (snap.generation, load::members_by_slot(snap));
+            self.slot_index = (snap.generation, evaluate::members_by_slot(snap));
         }
-        let rule = load::Rule {
+        let rule = evaluate::Rule {
             thresholds: &self.thresholds,
             adaptivity: &self.adaptivity,
             latches: &mut self.latches,
             recheck: &mut self.recheck,
         };
         let index = &self.slot_index.1;
-        if !load::evaluate_slots(
+        if !evaluate::evaluate_slots(
             snap,
             &self.table,
             rule,

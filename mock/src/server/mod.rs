@@ -20,7 +20,7 @@ use monoio::net::TcpListener;
 
 use crate::MockConfig;
 use crate::clock;
-use crate::push::{self, Target};
+use crate::push::{self, Reports, Target};
 use crate::sim::{Engine, EngineConfig, Load, Micros, SeqId, Token};
 
 /// State of the mock shared by its tasks.
@@ -48,6 +48,16 @@ impl Mock {
 
     pub fn engine_config(&self) -> &EngineConfig {
         &self.engine_cfg
+    }
+}
+
+impl Reports for Rc<Mock> {
+    fn engine_config(&self) -> &EngineConfig {
+        Mock::engine_config(self)
+    }
+
+    fn load(&self) -> Load {
+        Mock::load(self)
     }
 }
 
