@@ -8,8 +8,7 @@ use super::admit::admit;
 use super::connect::{connect_and_send, retry_fresh};
 use super::core::CoreCtx;
 use super::error::AttemptError;
-use super::exchange::Client;
-use super::exchange::Outbound;
+use super::exchange::Exchange;
 use super::guards::{InStage, Tracked};
 use super::relay::relay;
 use super::response::{read_response_head, refusal};
@@ -28,46 +27,45 @@ pub(super) struct Done {
 
 pub(super) async fn attempt(
     ctx: &CoreCtx,
-    c: &mut Client<'_>,
-    req: &Outbound<'_>,
+    ex: &mut Exchange<'_, '_>,
     worker: &Worker,
     cached_tokens: u64,
     stage: &mut InStage<'_>,
 ) -> Result<Done, AttemptError> {
-    let limits = &req.snap.config.limits;
+    let limits = &ex.req.snap.config.limits;
     let waited = clock::now();
     // The adaptive mode cuts queue waits short while the model is overloaded.
-    let cap_ms = || ctx.busy.borrow_mut().load().queue_cap_ms(req.model.id);
-    let ticket = admit(worker, req.class, cap_ms, &mut c.reader).await;
-    c.trail.queue += clock::since(waited);
+    let cap_ms = || ctx.busy.borrow_mut().load().queue_cap_ms(ex.req.model.id);
+    let ticket = admit(worker, ex.req.class, cap_ms, &mut ex.reader).await;
+    ex.trail.queue += clock::since(waited);
     let ticket = ticket?;
-    let mut sent = connect_and_send(ctx, worker, &mut c.io.out, limits).await?;
+    let mut sent = connect_and_send(ctx, worker, &mut ex.io.to_worker, limits).await?;
     stage.set(Some(Stage::Dispatch));
     let block_size = worker.cfg.block_size;
     let mut tracked = Tracked::start(
         &worker.state,
         ctx.id,
-        req.prompt_tokens,
+        ex.req.prompt_tokens,
         cached_tokens,
         block_size,
     );
     let mut resp = ResponseHead::default();
-    match read_response_head(c, &mut sent.stream, limits, &mut resp).await {
+    match read_response_head(ex, &mut sent.stream, limits, &mut resp).await {
         // The worker had closed the pooled connection: once more, on a fresh one.
         Err(AttemptError::Hangup) if sent.reused => {
             let why = "closed before responding";
-            sent = retry_fresh(ctx, worker, &mut c.io.out, limits, why).await?;
-            read_response_head(c, &mut sent.stream, limits, &mut resp).await?;
+            sent = retry_fresh(ctx, worker, &mut ex.io.to_worker, limits, why).await?;
+            read_response_head(ex, &mut sent.stream, limits, &mut resp).await?;
         }
         head => head?,
     }
     stage.set(None);
-    if let Some(r) = refusal(resp.status, req.snap.config.overload_status_code) {
+    if let Some(r) = refusal(resp.status, ex.req.snap.config.overload_status_code) {
         return Err(AttemptError::Refused(r, None));
     }
-    let cells = &req.model.metrics.cores[ctx.id];
+    let cells = &ex.req.model.metrics.cores[ctx.id];
     let mut stream = sent.stream;
-    let reusable = relay(c, req, cells, &mut stream, &resp, &mut tracked, limits).await?;
+    let reusable = relay(ex, cells, &mut stream, &resp, &mut tracked, limits).await?;
     drop(tracked);
     drop(ticket);
     if reusable {
@@ -75,9 +73,9 @@ pub(super) async fn attempt(
         let stirred = (ctx.pools.borrow_mut()).put(slot, stream, clock::now_ms(), max_idle);
         add(&ctx.counters().upstream_idle_closed, u64::from(stirred));
     }
-    let framing = ClientFraming::for_response(resp.framing(), req.client_minor);
+    let framing = ClientFraming::for_response(resp.framing(), ex.req.client_minor);
     Ok(Done {
-        keep_alive: req.client_keep_alive && framing.allows_keep_alive(),
+        keep_alive: ex.req.client_keep_alive && framing.allows_keep_alive(),
         status: resp.status,
     })
 }

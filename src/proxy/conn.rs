@@ -92,16 +92,20 @@ async fn burst(ctx: Rc<CoreCtx>, parked: Parked) -> Option<(Parked, Instant)> {
     let mut half = half;
     let mut buf = ctx.read_bufs.borrow_mut().take();
     half.absorb_probe(&probe[..probed], &mut buf);
-    let rbuf = ctx.read_bufs.borrow_mut().take();
-    let out = ctx.write_bufs.borrow_mut().take();
+    let from_worker = ctx.read_bufs.borrow_mut().take();
+    let (to_client, to_worker) = {
+        let mut writes = ctx.write_bufs.borrow_mut();
+        (writes.take(), writes.take())
+    };
     let snap = ctx.snapshot();
     let send_timeout_ms = snap.config.limits.client_send_timeout_ms;
     let mut session = Session {
         snap,
         io: ClientIo {
             writer,
-            out,
-            rbuf,
+            to_client,
+            to_worker,
+            from_worker,
             stalls: ctx.stalls.clone(),
             send_timeout_ms,
         },
@@ -120,9 +124,12 @@ async fn burst(ctx: Rc<CoreCtx>, parked: Parked) -> Option<(Parked, Instant)> {
         session.io.writer.close_notify().await;
     }
     let Session { ctx, io, peer, .. } = session;
-    ctx.write_bufs.borrow_mut().give(io.out);
+    let mut writes = ctx.write_bufs.borrow_mut();
+    writes.give(io.to_client);
+    writes.give(io.to_worker);
+    drop(writes);
     let mut reads = ctx.read_bufs.borrow_mut();
-    reads.give(io.rbuf);
+    reads.give(io.from_worker);
     match ended {
         Ended::Idle {
             since,

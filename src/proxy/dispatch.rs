@@ -66,7 +66,7 @@ async fn local(s: &mut Session, mut reader: Reader<'_>, error: Option<RequestErr
     let (keep, bytes_out) = match error {
         Some(e) => s.answer_counted(e, keep, with_body).await,
         None => {
-            let out = &mut s.io.out;
+            let out = &mut s.io.to_client;
             out.clear();
             let models = &s.snap.responses.models;
             models.write(out, s.request_id.get(), keep, with_body);

@@ -1,6 +1,7 @@
-//! What one proxied request carries from the moment its model is known to its answer:
-//! the request's facts ([`Outbound`]) and the client side lent to the stages that forward
-//! it ([`Client`]: the read half, the buffers, the request id, the trail for the log).
+//! One proxied request, from the moment its model is known to its answer: the
+//! [`Exchange`] the stages that forward it share, with the request's facts
+//! ([`Outbound`]), the client's read half, the buffers (the request kept whole for a
+//! migration, its prompt's place in it), and the trail its log line is made of.
 
 use std::ops::Range;
 use std::time::Instant;
@@ -35,10 +36,27 @@ pub(super) struct Outbound<'a> {
     pub started: Instant,
 }
 
-/// The client side of the connection, lent to the forwarder.
-pub(super) struct Client<'a> {
+/// What the stages of one proxied request work on, from `forward` to `relay`.
+pub(super) struct Exchange<'a, 'r> {
+    /// The request's facts; the stages read them.
+    pub req: Outbound<'r>,
+    /// The client's read half, watched while the worker works.
     pub reader: Reader<'a>,
+    /// The client's write half and the buffers by role (`to_worker` holds the request).
     pub io: &'a mut ClientIo,
+    /// The prompt value's place in `io.to_worker` (`kv` routing hashes it).
+    pub prompt_at: Range<usize>,
     pub request_id: &'a [u8],
-    pub trail: &'a mut Trail,
+    /// What the request's log line will say.
+    pub trail: Trail,
+}
+
+impl Exchange<'_, '_> {
+    /// The prompt value as the worker gets it.
+    pub(super) fn prompt(&self) -> &[u8] {
+        self.io
+            .to_worker
+            .get(self.prompt_at.clone())
+            .unwrap_or_default()
+    }
 }

@@ -6,9 +6,9 @@
 use super::attempt::{Done, attempt};
 use super::core::CoreCtx;
 use super::error::{AttemptError, Refusal, RequestError};
-use super::exchange::Client;
-use super::exchange::Outbound;
+use super::exchange::{Exchange, Outbound};
 use super::guards::{InStage, Inflight};
+use super::log::ClosedBy;
 use super::pick::{Excluded, pick};
 use crate::http::limits::{INITIAL_READ_BUF, MAX_WORKER_ID_LEN};
 use crate::route::RouterMode;
@@ -37,15 +37,17 @@ impl From<AttemptError> for Forwarded {
 }
 
 /// Forwards one request. On return its bytes are consumed from the client buffer.
-pub(super) async fn forward(ctx: &CoreCtx, c: &mut Client<'_>, req: &Outbound<'_>) -> Forwarded {
+pub(super) async fn forward(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>) -> Forwarded {
+    let req = &ex.req;
     let cells = &req.model.metrics.cores[ctx.id];
     cells.classed(req.class);
     cells.isl.observe_count(&ISL_BUCKETS, req.prompt_tokens);
     let inflight = Inflight::start(cells);
     let mut stage = InStage::enter(cells, Stage::Route);
-    let result = exchange(ctx, c, req, &mut stage).await;
+    let result = attempts(ctx, ex, &mut stage).await;
     drop(stage);
     drop(inflight);
+    let req = &ex.req;
     let outcome = match result {
         Forwarded::Done { status, .. } => {
             Outcome::of_status(status, req.snap.config.overload_status_code)
@@ -56,7 +58,7 @@ pub(super) async fn forward(ctx: &CoreCtx, c: &mut Client<'_>, req: &Outbound<'_
             }
             if let Some(knob) = e.knob() {
                 cells.refused(knob, req.class);
-                log_refusal(ctx, req, &e, knob, c.request_id);
+                log_refusal(ctx, req, &e, knob, ex.request_id);
             }
             e.outcome()
         }
@@ -101,13 +103,16 @@ impl WorkerId {
     }
 }
 
-/// Detaches the request from the client buffer: the body joins the head in `out` (one
-/// write per attempt, kept for migration), the direct-mode worker id is copied, and the
-/// client's bytes are consumed so its socket can be watched from here on.
-fn detach(c: &mut Client<'_>, req: &Outbound<'_>) -> WorkerId {
-    let buf = c.reader.buf();
-    c.io.out
-        .extend_from_slice(buf.get(req.body.clone()).unwrap_or_default());
+/// Detaches the request from the client buffer: the body joins the head in `to_worker`
+/// (one write per attempt, kept for migration; the prompt's place in it is kept), the
+/// direct-mode worker id is copied, and the client's bytes are consumed so its socket
+/// can be watched from here on.
+fn detach(ex: &mut Exchange<'_, '_>) -> WorkerId {
+    let req = &ex.req;
+    let buf = ex.reader.buf();
+    let body_at = ex.io.to_worker.len();
+    (ex.io.to_worker).extend_from_slice(buf.get(req.body.clone()).unwrap_or_default());
+    ex.prompt_at = body_at + req.prompt.start..body_at + req.prompt.end;
     let mut id = WorkerId {
         text: [0; MAX_WORKER_ID_LEN],
         len: None,
@@ -117,8 +122,9 @@ fn detach(c: &mut Client<'_>, req: &Outbound<'_>) -> WorkerId {
         id.text[..v.len()].copy_from_slice(v);
         id.len = Some(v.len());
     }
-    c.reader.as_mut().consume(req.request_end, INITIAL_READ_BUF);
-    c.reader.as_mut().watch();
+    let request_end = req.request_end;
+    ex.reader.as_mut().consume(request_end, INITIAL_READ_BUF);
+    ex.reader.as_mut().watch();
     id
 }
 
@@ -133,23 +139,16 @@ struct Tries {
     cached_observed: bool,
 }
 
-async fn exchange(
-    ctx: &CoreCtx,
-    c: &mut Client<'_>,
-    req: &Outbound<'_>,
-    stage: &mut InStage<'_>,
-) -> Forwarded {
-    let worker_id = detach(c, req);
+/// Picks and attempts workers until one answers, or none may take the request.
+async fn attempts(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, stage: &mut InStage<'_>) -> Forwarded {
+    let worker_id = detach(ex);
+    let (snap, model) = (ex.req.snap, ex.req.model);
     let mut tries = Tries::default();
     loop {
         stage.set(Some(Stage::Route));
         let now = clock::now_ms();
-        // The body follows the head in `out` (see `detach`): the prompt lies within it.
-        let body_at = c.io.out.len().saturating_sub(req.body.len());
-        let prompt = (c.io.out)
-            .get(body_at + req.prompt.start..body_at + req.prompt.end)
-            .unwrap_or_default();
-        let picked = match pick(ctx, req, worker_id.get(), prompt, tries.excluded, now) {
+        let (id, excluded) = (worker_id.get(), tries.excluded);
+        let picked = match pick(ctx, &ex.req, id, ex.prompt(), excluded, now) {
             Ok(p) => p,
             // Refused by every worker tried, and nothing left: say why they refused.
             Err(RequestError::Overloaded(_) | RequestError::WorkerOverloaded(..))
@@ -161,24 +160,25 @@ async fn exchange(
             Err(e) => return Forwarded::Rejected(e),
         };
         let pos = picked.member;
-        if req.model.kv.is_some() && !tries.cached_observed {
+        if model.kv.is_some() && !tries.cached_observed {
             tries.cached_observed = true;
-            let cells = &req.model.metrics.cores[ctx.id];
+            let cells = &model.metrics.cores[ctx.id];
             cells
                 .cached_tokens
                 .observe_count(&ISL_BUCKETS, picked.cached_tokens);
         }
-        let worker = &req.snap.workers[req.model.members[pos].worker as usize];
-        c.trail.worker = Some(req.model.members[pos].worker as usize);
-        let e = match attempt(ctx, c, req, worker, picked.cached_tokens, stage).await {
+        let worker = &snap.workers[model.members[pos].worker as usize];
+        ex.trail.worker = Some(model.members[pos].worker as usize);
+        let e = match attempt(ctx, ex, worker, picked.cached_tokens, stage).await {
             Ok(Done { keep_alive, status }) => return Forwarded::Done { keep_alive, status },
             Err(e) if !e.retry_safe() => {
                 if e.to_client().is_none() {
-                    let client = matches!(
-                        e,
-                        AttemptError::ClientGone | AttemptError::ClientSendTimeout
-                    );
-                    c.trail.closed = Some(if client { "client" } else { "upstream" });
+                    ex.trail.closed = Some(match e {
+                        AttemptError::ClientGone | AttemptError::ClientSendTimeout => {
+                            ClosedBy::Client
+                        }
+                        _ => ClosedBy::Worker,
+                    });
                 }
                 if e == AttemptError::ClientGone {
                     add(&ctx.counters().client_disconnects, 1);
@@ -189,11 +189,11 @@ async fn exchange(
         };
         match e {
             AttemptError::Refused(refusal, why) => {
-                if let Some(last) = refused(ctx, req, worker, refusal, why, &tries) {
+                if let Some(last) = refused(ctx, &ex.req, worker, refusal, why, &tries) {
                     return Forwarded::Rejected(last);
                 }
                 tries.migrations += 1;
-                c.trail.migrations = tries.migrations;
+                ex.trail.migrations = tries.migrations;
                 tries.excluded.refused(pos);
                 if refusal != Refusal::UpstreamUnavailable {
                     tries.last_refusal = Some((refusal, why));

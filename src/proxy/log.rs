@@ -25,7 +25,27 @@ pub(super) struct Trail {
     /// Bytes written to the client: the worker's response relayed, or Spillway's own
     /// answer.
     pub bytes_out: u64,
-    pub closed: Option<&'static str>,
+    /// Who ended a response that broke off.
+    pub closed: Option<ClosedBy>,
+}
+
+/// Who ended a response that broke off after bytes reached the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ClosedBy {
+    /// The client left (or took nothing for `client_send_timeout_ms`).
+    Client,
+    /// The worker closed, reset, stalled or sent invalid framing.
+    Worker,
+}
+
+impl ClosedBy {
+    /// The access log's `closed` field.
+    pub(super) fn label(self) -> &'static str {
+        match self {
+            ClosedBy::Client => "client",
+            ClosedBy::Worker => "upstream",
+        }
+    }
 }
 
 /// The request line's method and path, copied when the head is read (the client buffer
@@ -110,7 +130,7 @@ pub(super) fn log_request(s: &Session, target: &Target, e: &Ending<'_>) {
         duration_us: duration.as_micros() as u64,
         bytes_in: e.bytes_in,
         bytes_out: t.bytes_out,
-        closed: t.closed,
+        closed: t.closed.map(ClosedBy::label),
         trace_id: s.trace.id(),
     };
     log.line(cfg, &r, s.ctx.counters());

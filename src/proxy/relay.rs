@@ -12,8 +12,7 @@ use std::time::{Duration, Instant};
 use crate::runtime::stream::Upstream;
 
 use super::error::AttemptError;
-use super::exchange::Client;
-use super::exchange::Outbound;
+use super::exchange::Exchange;
 use super::guards::Tracked;
 use super::log::Trail;
 use super::watch::{Interrupt, read_upstream};
@@ -60,11 +59,10 @@ impl Timing<'_> {
     }
 }
 
-/// Streams the response whose head is at the start of `rbuf`. Returns whether the
+/// Streams the response whose head is at the start of `from_worker`. Returns whether the
 /// upstream connection can be pooled.
 pub(super) async fn relay(
-    c: &mut Client<'_>,
-    req: &Outbound<'_>,
+    ex: &mut Exchange<'_, '_>,
     cells: &ModelCore,
     stream: &mut Upstream,
     resp: &ResponseHead,
@@ -72,26 +70,26 @@ pub(super) async fn relay(
     limits: &Limits,
 ) -> Result<bool, AttemptError> {
     let framing = resp.framing();
-    let cf = ClientFraming::for_response(framing, req.client_minor);
-    begin(c, req, resp, cf);
+    let cf = ClientFraming::for_response(framing, ex.req.client_minor);
+    begin(ex, resp, cf);
     let mut body = Reframer::new(framing, cf, resp.event_stream);
     let mut seen = Seen {
         timing: Timing {
             cells,
-            started: req.started,
-            stream: req.request_type == RequestType::Stream,
+            started: ex.req.started,
+            stream: ex.req.request_type == RequestType::Stream,
             last_data: None,
         },
         sse: SseCounter::default(),
         usage: UsageScanner::default(),
         events: 0,
-        count_tokens: req.model.track_output_blocks,
+        count_tokens: ex.req.model.track_output_blocks,
     };
     let idle = Duration::from_millis(limits.upstream_stream_idle_timeout_ms);
     let mut relayed = false;
     loop {
         let mut events = 0;
-        let advanced = body.advance(&c.io.rbuf, &mut c.io.out, |d| {
+        let advanced = body.advance(&ex.io.from_worker, &mut ex.io.to_client, |d| {
             events += seen.sse.feed(d);
             seen.usage.feed(d);
         });
@@ -99,31 +97,33 @@ pub(super) async fn relay(
             Ok(piece) => piece,
             // Nothing of the response reached the client yet: it can still get a 502.
             Err(_) if !relayed => return Err(INVALID_FRAMING),
-            Err(_) => return broken(c, &mut body, Break::Failed).await,
+            Err(_) => return broken(ex, &mut body, Break::Failed).await,
         };
-        seen.piece(c.trail, tracked, piece.take, events);
+        seen.piece(&mut ex.trail, tracked, piece.take, events);
         if piece.done {
             seen.observe_output();
         }
-        write_piece(c, piece.take, piece.direct).await?;
+        write_piece(ex, piece.take, piece.direct).await?;
         relayed = true;
-        c.io.rbuf.drain(..piece.take);
+        ex.io.from_worker.drain(..piece.take);
         if piece.done {
             // Bytes past the end of the message: the connection is out of step; drop it.
-            return Ok(resp.reusable && c.io.rbuf.is_empty() && framing != BodyFraming::UntilClose);
+            return Ok(resp.reusable
+                && ex.io.from_worker.is_empty()
+                && framing != BodyFraming::UntilClose);
         }
         let deadline = clock::now() + idle;
-        match read_upstream(stream, &mut c.io.rbuf, &mut c.reader, deadline).await {
-            Ok(Ok(0)) if body.eof(&mut c.io.out).is_ok() => {
+        match read_upstream(stream, &mut ex.io.from_worker, &mut ex.reader, deadline).await {
+            Ok(Ok(0)) if body.eof(&mut ex.io.to_client).is_ok() => {
                 // A body delimited by the close: that was its end.
                 seen.observe_output();
-                write_piece(c, 0, true).await?;
+                write_piece(ex, 0, true).await?;
                 return Ok(false);
             }
-            Ok(Ok(0)) | Ok(Err(_)) => return broken(c, &mut body, Break::Failed).await,
+            Ok(Ok(0)) | Ok(Err(_)) => return broken(ex, &mut body, Break::Failed).await,
             Ok(Ok(_)) => {}
             Err(Interrupt::ClientGone) => return Err(AttemptError::ClientGone),
-            Err(Interrupt::Timeout) => return broken(c, &mut body, Break::Stalled).await,
+            Err(Interrupt::Timeout) => return broken(ex, &mut body, Break::Stalled).await,
         }
     }
 }
@@ -133,10 +133,14 @@ const INVALID_FRAMING: AttemptError =
 
 /// The stream broke off after its head reached the client: an event stream's client gets
 /// a last error event where its framing allows one, and never a clean end.
-async fn broken(c: &mut Client<'_>, body: &mut Reframer, why: Break) -> Result<bool, AttemptError> {
-    if body.fail(&mut c.io.out, why) {
-        c.trail.bytes_out += c.io.out.len() as u64;
-        write_piece(c, 0, true).await?;
+async fn broken(
+    ex: &mut Exchange<'_, '_>,
+    body: &mut Reframer,
+    why: Break,
+) -> Result<bool, AttemptError> {
+    if body.fail(&mut ex.io.to_client, why) {
+        ex.trail.bytes_out += ex.io.to_client.len() as u64;
+        write_piece(ex, 0, true).await?;
     }
     Err(AttemptError::Broken(match why {
         Break::Failed => Outcome::Internal,
@@ -182,41 +186,45 @@ impl Seen<'_> {
     }
 }
 
-/// Puts the client's response head in `out` (the request there is no longer needed: the
-/// response is committed to this worker) and drops the upstream's from `rbuf`.
-fn begin(c: &mut Client<'_>, req: &Outbound<'_>, resp: &ResponseHead, cf: ClientFraming) {
-    let keep_client = req.client_keep_alive && cf.allows_keep_alive();
-    let (out, rbuf) = (&mut c.io.out, &mut c.io.rbuf);
+/// Puts the client's response head in `to_client` (the request there is no longer needed: the
+/// response is committed to this worker) and drops the upstream's from `from_worker`.
+fn begin(ex: &mut Exchange<'_, '_>, resp: &ResponseHead, cf: ClientFraming) {
+    let keep_client = ex.req.client_keep_alive && cf.allows_keep_alive();
+    let (out, rbuf) = (&mut ex.io.to_client, &mut ex.io.from_worker);
     out.clear();
     client_response_head(
         out,
         rbuf,
         resp,
         cf,
-        c.request_id,
+        ex.request_id,
         keep_client,
-        req.client_minor,
+        ex.req.client_minor,
     );
     rbuf.drain(..resp.head_len);
-    c.trail.status = Some(resp.status);
-    c.trail.bytes_out = out.len() as u64;
+    ex.trail.status = Some(resp.status);
+    ex.trail.bytes_out = out.len() as u64;
 }
 
-/// Writes what `out` holds (the head, the first time; re-chunked or de-chunked pieces)
-/// and, for a `direct` piece, the first `take` bytes of `rbuf`: straight from `rbuf` when
+/// Writes what `to_client` holds (the head, the first time; re-chunked or de-chunked pieces)
+/// and, for a `direct` piece, the first `take` bytes of `from_worker`: straight from `from_worker` when
 /// nothing else is queued.
-async fn write_piece(c: &mut Client<'_>, take: usize, direct: bool) -> Result<(), AttemptError> {
-    let io = &mut *c.io;
-    let written = if direct && take > 0 && io.out.is_empty() {
-        io.write_rbuf(take).await
+async fn write_piece(
+    ex: &mut Exchange<'_, '_>,
+    take: usize,
+    direct: bool,
+) -> Result<(), AttemptError> {
+    let io = &mut *ex.io;
+    let written = if direct && take > 0 && io.to_client.is_empty() {
+        io.write_from_worker(take).await
     } else {
         if direct && take > 0 {
-            io.out.extend_from_slice(&io.rbuf[..take]);
+            io.to_client.extend_from_slice(&io.from_worker[..take]);
         }
-        if io.out.is_empty() {
+        if io.to_client.is_empty() {
             Ok(())
         } else {
-            io.write_out().await
+            io.write_to_client().await
         }
     };
     written.map_err(|e| match e.kind() {

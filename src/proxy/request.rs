@@ -8,12 +8,12 @@ use std::ops::Range;
 use super::body::BodyError;
 use super::body::{continue_100, read_body};
 use super::error::RequestError;
-use super::exchange::{Client, Outbound};
+use super::exchange::{Exchange, Outbound};
 use super::forward::{Forwarded, forward};
 use super::log::Ending;
 use super::log::log_local;
 use super::log::log_request;
-use super::log::{Target, Trail};
+use super::log::{ClosedBy, Target, Trail};
 use super::session::Session;
 use super::watch::Reader;
 use crate::config::access_log::TraceParent;
@@ -68,10 +68,10 @@ fn class_of(s: &Session, buf: &[u8], snap: &Snapshot, model: &Model) -> Class {
     header.and_then(Class::parse).unwrap_or(model.class)
 }
 
-/// The upstream request's head, into the reused `out` buffer, with trace context.
+/// The upstream request's head, into the reused `to_worker` buffer, with trace context.
 fn upstream_head(s: &mut Session, buf: &[u8], body_len: usize) {
     let create = trace_context(s, buf);
-    let out = &mut s.io.out;
+    let out = &mut s.io.to_worker;
     out.clear();
     let (head, rid) = (&s.head, s.request_id.get());
     upstream_request_head(out, buf, head, body_len, s.peer.get(), rid);
@@ -128,14 +128,16 @@ pub(super) async fn proxy(s: &mut Session, mut reader: Reader<'_>, endpoint: End
         started,
     };
     upstream_head(s, reader.buf(), req.body.len());
-    let mut trail = Trail::default();
-    let mut client = Client {
+    let mut ex = Exchange {
+        req,
         reader: reader.as_mut(),
         io: &mut s.io,
+        prompt_at: 0..0,
         request_id: s.request_id.get(),
-        trail: &mut trail,
+        trail: Trail::default(),
     };
-    let forwarded = forward(&s.ctx, &mut client, &req).await;
+    let forwarded = forward(&s.ctx, &mut ex).await;
+    let Exchange { req, mut trail, .. } = ex;
     let keep = match forwarded {
         Forwarded::Done { keep_alive, .. } => keep_alive,
         Forwarded::Aborted(_) => false,
@@ -146,10 +148,11 @@ pub(super) async fn proxy(s: &mut Session, mut reader: Reader<'_>, endpoint: End
         }
     };
     log_forwarded(s, &target, &req, forwarded, &trail);
-    if s.io.out.capacity() > RETAINED_BUF_MAX {
+    let to_worker = &mut s.io.to_worker;
+    if to_worker.capacity() > RETAINED_BUF_MAX {
         // One large body must not pin its buffer on an idle keep-alive connection.
-        s.io.out.clear();
-        s.io.out.shrink_to(4096);
+        to_worker.clear();
+        to_worker.shrink_to(4096);
     }
     keep
 }
@@ -169,13 +172,13 @@ fn trace_context(s: &mut Session, buf: &[u8]) -> bool {
     s.snap.config.access_log.traceparent == TraceParent::Create
 }
 
-/// Adds a new `traceparent` to the upstream head in `out`, before its blank line.
+/// Adds a new `traceparent` to the upstream head in `to_worker`, before its blank line.
 fn add_traceparent(s: &mut Session) {
     let random = {
         let mut rng = s.ctx.rng.borrow_mut();
         [rng.next_u64(), rng.next_u64(), rng.next_u64()]
     };
-    let out = &mut s.io.out;
+    let out = &mut s.io.to_worker;
     out.truncate(out.len().saturating_sub(2));
     s.trace.create(random, out);
     out.extend_from_slice(b"\r\n");
@@ -196,7 +199,7 @@ fn log_forwarded(
         // The worker's status when its head was relayed; else nginx's 499 (client
         // gone) or 502.
         Forwarded::Aborted(_) => {
-            let gone = if trail.closed == Some("client") {
+            let gone = if trail.closed == Some(ClosedBy::Client) {
                 499
             } else {
                 502

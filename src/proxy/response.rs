@@ -9,33 +9,33 @@ use std::time::Duration;
 use crate::runtime::stream::Upstream;
 
 use super::error::{AttemptError, Refusal};
-use super::exchange::Client;
+use super::exchange::Exchange;
 use super::watch::{Interrupt, read_upstream};
 use crate::http::response::{ResponseHead, parse_response};
 use crate::http::{HttpError, Limits};
 use crate::runtime::clock;
 
-/// Reads the final response head into `resp`; its bytes stay at the start of `rbuf`. A
+/// Reads the final response head into `resp`; its bytes stay at the start of `from_worker`. A
 /// close or reset before any byte is [`AttemptError::Hangup`].
 pub(super) async fn read_response_head(
-    c: &mut Client<'_>,
+    ex: &mut Exchange<'_, '_>,
     stream: &mut Upstream,
     limits: &Limits,
     resp: &mut ResponseHead,
 ) -> Result<(), AttemptError> {
     let deadline = clock::now() + Duration::from_millis(limits.upstream_first_byte_timeout_ms);
-    c.io.rbuf.clear();
+    ex.io.from_worker.clear();
     let mut received = false;
     loop {
-        if !c.io.rbuf.is_empty() {
+        if !ex.io.from_worker.is_empty() {
             received = true;
-            match parse_response(&c.io.rbuf, limits.max_header_bytes, false, resp) {
+            match parse_response(&ex.io.from_worker, limits.max_header_bytes, false, resp) {
                 Ok(false) => {}
                 Ok(true) if resp.status == 101 => {
                     return Err(AttemptError::BadGateway("unexpected protocol switch"));
                 }
                 Ok(true) if resp.is_informational() => {
-                    c.io.rbuf.drain(..resp.head_len);
+                    ex.io.from_worker.drain(..resp.head_len);
                     continue;
                 }
                 Ok(true) => return Ok(()),
@@ -49,7 +49,7 @@ pub(super) async fn read_response_head(
                 }
             }
         }
-        match read_upstream(stream, &mut c.io.rbuf, &mut c.reader, deadline).await {
+        match read_upstream(stream, &mut ex.io.from_worker, &mut ex.reader, deadline).await {
             Err(Interrupt::ClientGone) => return Err(AttemptError::ClientGone),
             Err(Interrupt::Timeout) => return Err(AttemptError::Timeout),
             Ok(Ok(0)) | Ok(Err(_)) if !received => return Err(AttemptError::Hangup),

@@ -63,7 +63,7 @@ impl Session {
         with_body: bool,
     ) -> (bool, u64) {
         let keep_alive = keep_alive && !e.closes_connection();
-        let out = &mut self.io.out;
+        let out = &mut self.io.to_client;
         out.clear();
         e.write(
             &self.snap,
@@ -83,40 +83,45 @@ impl Session {
 /// abandoned write (the connection closes).
 pub(super) struct ClientIo {
     pub writer: ClientWrite,
-    /// The next write to the client; holds the upstream request while it is forwarded.
-    pub out: Vec<u8>,
-    /// Upstream reads.
-    pub rbuf: Vec<u8>,
+    /// What goes to the client next: Spillway's own answer, a response head, body pieces
+    /// the client's framing needed.
+    pub to_client: Vec<u8>,
+    /// The request as it goes to a worker, head and body, kept whole for a migration.
+    pub to_worker: Vec<u8>,
+    /// What the worker sent: its response head, then body bytes on their way through.
+    pub from_worker: Vec<u8>,
     pub stalls: Rc<Stalls>,
     pub send_timeout_ms: u64,
 }
 
 impl ClientIo {
-    /// Writes all of `out` to the client and empties it.
-    pub(super) async fn write_out(&mut self) -> io::Result<()> {
-        let out = std::mem::take(&mut self.out);
+    /// Writes all of `to_client` to the client and empties it.
+    pub(super) async fn write_to_client(&mut self) -> io::Result<()> {
+        let out = std::mem::take(&mut self.to_client);
         let n = out.len();
         let (res, buf) = self.write_within(out, n).await;
-        self.out = buf;
-        self.out.clear();
+        self.to_client = buf;
+        self.to_client.clear();
         res
     }
 
-    /// Writes all of `out` (a whole answer of Spillway's own): whether the connection stays
-    /// open (`keep_alive` and the write went through) and the bytes written.
+    /// Writes all of `to_client` (a whole answer of Spillway's own): whether the
+    /// connection stays open (`keep_alive` and the write went through) and the bytes
+    /// written.
     pub(super) async fn write_counted(&mut self, keep_alive: bool) -> (bool, u64) {
-        let n = self.out.len() as u64;
-        match self.write_out().await {
+        let n = self.to_client.len() as u64;
+        match self.write_to_client().await {
             Ok(()) => (keep_alive, n),
             Err(_) => (false, 0),
         }
     }
 
-    /// Writes the first `n` bytes of `rbuf` to the client (a relay without copying).
-    pub(super) async fn write_rbuf(&mut self, n: usize) -> io::Result<()> {
-        let rbuf = std::mem::take(&mut self.rbuf);
-        let (res, buf) = self.write_within(rbuf, n).await;
-        self.rbuf = buf;
+    /// Writes the first `n` bytes of `from_worker` to the client (a relay without
+    /// copying).
+    pub(super) async fn write_from_worker(&mut self, n: usize) -> io::Result<()> {
+        let buf = std::mem::take(&mut self.from_worker);
+        let (res, buf) = self.write_within(buf, n).await;
+        self.from_worker = buf;
         res
     }
 
