@@ -1,5 +1,5 @@
 //! The command line (part of the binary): `spillway [--config FILE]`, `spillway check-config FILE`,
-//! `spillway mock-engine [FLAGS]`, and the Dynamo-named knobs (semantics §9), each also
+//! `spillway mock-engine [FLAGS]`, and the Dynamo-named knobs (docs/behaviour.md §20.2), each also
 //! readable from its environment variable.
 
 use std::path::PathBuf;

@@ -1,6 +1,6 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![allow(clippy::disallowed_methods)] // tests time what they observe
-//! The hard cap under churn (semantics §6): clients that leave while queued or running,
+//! The hard cap under churn (docs/behaviour.md §8.1–§8.2): clients that leave while queued or running,
 //! queue timeouts and completions, against a worker that records what it had open. N is a
 //! bound at every instant: a waiter that leaves frees a queue place, never an engine slot.
 //!

@@ -483,6 +483,68 @@ fn the_cycle_checker_finds_a_loop() {
     assert!(file_cycles(&files[3..]).is_empty());
 }
 
+/// Every document the code names exists, and every section of `docs/behaviour.md` it
+/// cites (`§N` a section, `§N.M` an item) is there: no citation of what the repository
+/// does not carry.
+#[test]
+fn cited_documents_and_sections_exist() {
+    let behaviour = std::fs::read_to_string(root().join("docs/behaviour.md")).unwrap();
+    let exists = |section: &str| match section.split_once('.') {
+        None => behaviour.contains(&format!("\n## {section}. ")),
+        Some(_) => behaviour.contains(&format!("\n**{section} ")),
+    };
+    let mut problems = Vec::new();
+    for dir in ["src", "tests", "mock/src", "testkit/src"] {
+        let mut files = Vec::new();
+        rust_files(&root().join(dir), &mut files);
+        for file in files {
+            let rel = file.strip_prefix(root()).unwrap().display().to_string();
+            let text = std::fs::read_to_string(&file).unwrap();
+            for (n, line) in text.lines().enumerate() {
+                for doc in documents_named(line) {
+                    if !root().join(doc).exists() {
+                        problems.push(format!("{rel}:{}: `{doc}` is not in the repository", n + 1));
+                    }
+                }
+                if !line.contains("docs/behaviour.md") {
+                    continue;
+                }
+                for section in sections_cited(line).filter(|s| !s.is_empty() && !exists(s)) {
+                    problems.push(format!(
+                        "{rel}:{}: docs/behaviour.md has no §{section}",
+                        n + 1
+                    ));
+                }
+            }
+        }
+    }
+    assert!(
+        problems.is_empty(),
+        "dangling citations:\n{}",
+        problems.join("\n")
+    );
+}
+
+/// The `*.md` paths a line names.
+fn documents_named(line: &str) -> impl Iterator<Item = &str> {
+    line.split(|c: char| !(c.is_ascii_alphanumeric() || "_./-".contains(c)))
+        .filter(|w| w.ends_with(".md") && w.len() > 3)
+}
+
+/// The sections (`4`, `4.7`) a line cites with `§`.
+fn sections_cited(line: &str) -> impl Iterator<Item = &str> {
+    line.split('§').skip(1).map(|rest| {
+        let end = rest
+            .char_indices()
+            .find(|&(i, c)| {
+                !(c.is_ascii_digit()
+                    || (c == '.' && rest[i + 1..].starts_with(|d: char| d.is_ascii_digit())))
+            })
+            .map_or(rest.len(), |(i, _)| i);
+        &rest[..end]
+    })
+}
+
 /// Functions whose body runs over [`MAX_FN_LINES`] lines (from the `fn` line to the
 /// closing brace), as `file:line name (lines)`.
 fn long_functions(rel: &Path, code: &str) -> Vec<String> {

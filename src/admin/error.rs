@@ -1,7 +1,7 @@
 //! The admin boundary's answers: [`Reply`] (status, content type, body) and
 //! [`AdminError`], each error knowing its status, label and retry safety; every error
 //! becomes a reply in one place, with the admin API's `{"error": message}` shape
-//! (semantics §5).
+//! (docs/behaviour.md §14.9).
 
 use serde::Serialize;
 

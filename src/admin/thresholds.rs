@@ -1,4 +1,4 @@
-//! `/busy_threshold` (semantics §5): get, partial set and unset of a model's thresholds,
+//! `/busy_threshold` (docs/behaviour.md §14.5): get, partial set and unset of a model's thresholds,
 //! with Dynamo's error statuses and messages. A change is published to every core before
 //! the reply.
 

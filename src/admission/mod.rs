@@ -1,4 +1,4 @@
-//! Worker admission (semantics §6): at most N requests in flight to a worker and at most Q
+//! Worker admission (docs/behaviour.md §8.1–§8.2): at most N requests in flight to a worker and at most Q
 //! waiting, across all cores together, admitted strictly first come, first served. N holds
 //! at every instant: a waiter that leaves frees a queue place, never an engine slot.
 //!

@@ -50,7 +50,7 @@ fn exact_cap_and_fifo() {
     assert_eq!(g.occupancy(), (0, 0));
 }
 
-/// Semantics §6: N = 1, Q = 2; A runs, B and C wait. C leaving frees C's place, not a
+/// docs/behaviour.md §8.2: N = 1, Q = 2; A runs, B and C wait. C leaving frees C's place, not a
 /// slot: B still waits while A runs. Then the same with the head of the queue leaving.
 #[test]
 fn a_waiter_that_leaves_frees_a_place_never_a_slot() {

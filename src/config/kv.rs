@@ -1,4 +1,4 @@
-//! `kv` routing's keys (semantics §10): per model in the file, else from Dynamo's flags and
+//! `kv` routing's keys (docs/behaviour.md §20.5): per model in the file, else from Dynamo's flags and
 //! environment variables (`Overrides::kv`), else Dynamo's defaults.
 
 use super::file::FileModel;

@@ -71,7 +71,7 @@ pub enum MetricsFormat {
     Llamacpp,
 }
 
-/// Where a worker's load comes from (semantics §2). Push is always accepted.
+/// Where a worker's load comes from (docs/behaviour.md §2.3). Push is always accepted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
 pub struct LoadSources {
     pub push: bool,
@@ -79,7 +79,7 @@ pub struct LoadSources {
     pub tracked: bool,
 }
 
-/// Values from the Dynamo-named CLI flags and environment variables (semantics §9).
+/// Values from the Dynamo-named CLI flags and environment variables (docs/behaviour.md §20.2).
 /// Per-model and per-worker keys in the file win over these.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Overrides {

@@ -2,7 +2,7 @@
 
 use super::write::{canonical_reason, finish_head, status_line};
 
-/// The messages of Spillway's own answers that the spec fixes (semantics §4).
+/// The messages of Spillway's own answers that docs/behaviour.md fixes (§7).
 pub mod messages {
     pub const OVERLOADED: &str = "Service temporarily overloaded";
     pub const DIRECT_BUSY: &str = "Selected worker is overloaded, please retry later";
@@ -23,7 +23,7 @@ pub struct Canned {
 }
 
 impl Canned {
-    /// `{"message":..,"type":<canonical reason>,"code":<status>}` (semantics §4).
+    /// `{"message":..,"type":<canonical reason>,"code":<status>}` (docs/behaviour.md §7.1).
     pub fn error(status: u16, message: &str, extra: &[(&str, &str)]) -> Canned {
         Self::error_typed(status, message, canonical_reason(status), extra)
     }
@@ -74,7 +74,7 @@ pub fn error_body(out: &mut Vec<u8>, status: u16, message: &str, kind: &str) {
     out.push(b'}');
 }
 
-/// A one-off JSON error (semantics §4 shape), for errors not worth pre-rendering.
+/// A one-off JSON error (docs/behaviour.md §7.1 shape), for errors not worth pre-rendering.
 pub fn write_error(
     out: &mut Vec<u8>,
     status: u16,

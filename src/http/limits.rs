@@ -93,7 +93,8 @@ pub mod defaults {
     /// default): long enough for an engine's pauses (preemption, a reasoning model between
     /// phases, a tool call), short enough that a hung engine gives its slot back.
     pub const UPSTREAM_STREAM_IDLE_TIMEOUT_MS: u64 = 300_000;
-    /// Longest a write to the client may make no progress (nginx's `send_timeout`).
+    /// Longest a write to the client may take, checked once a second (nginx's
+    /// `send_timeout`).
     pub const CLIENT_SEND_TIMEOUT_MS: u64 = 60_000;
     pub const MAX_CONNECTIONS: usize = 65_536;
     /// Below uvicorn's 5 s keep-alive (vLLM, SGLang) so we close idle upstream connections

@@ -1,6 +1,6 @@
 //! `/metrics`: every family built at scrape time from the cores' counter cells, the
 //! snapshot and the monitor's state, and encoded by the prometheus crate's text encoder.
-//! Names and labels follow Dynamo (semantics §7); Spillway's own series are prefixed
+//! Names and labels follow Dynamo (docs/behaviour.md §15); Spillway's own series are prefixed
 //! `spillway_`. Nothing here runs on a core.
 
 mod families;

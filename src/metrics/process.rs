@@ -25,7 +25,7 @@ const CORE_COUNTERS: [(&str, &str, Cell); 14] = [
     ),
     (
         "spillway_bad_requests_total",
-        "Requests refused as malformed before routing",
+        "Requests answered before routing: malformed, or naming no model served here",
         |c| &c.bad_requests,
     ),
     (
@@ -50,7 +50,7 @@ const CORE_COUNTERS: [(&str, &str, Cell); 14] = [
     ),
     (
         "spillway_failovers_total",
-        "Requests moved to another worker after a failed connect",
+        "Attempts that failed to connect, after which the request tried another worker",
         |c| &c.failovers,
     ),
     (

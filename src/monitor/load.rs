@@ -1,4 +1,4 @@
-//! Load state per worker and rank, from every source (semantics §2), and the evaluation
+//! Load state per worker and rank, from every source (docs/behaviour.md §2), and the evaluation
 //! of the busy set. Pure: no I/O, `now` is an argument; the monitor thread drives it.
 
 use crate::config::WorkerConfig;

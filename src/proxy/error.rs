@@ -16,7 +16,7 @@ use crate::shed::{Class, Knob, Why};
 use crate::state::Snapshot;
 use crate::state::counters::{MigrationReason, Outcome};
 
-/// A worker-local refusal (semantics §6): the request may move to another worker.
+/// A worker-local refusal (docs/behaviour.md §1.12, §9.1): the request may move to another worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
     /// Engine slots and queue full here.

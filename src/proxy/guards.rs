@@ -97,8 +97,8 @@ impl Drop for InStage<'_> {
     }
 }
 
-/// Router-side accounting of one request on one worker (semantics §2, `tracked`): prefill
-/// tokens until the first response byte, KV blocks until the end.
+/// Router-side accounting of one request on one worker (docs/behaviour.md §2.6): prefill
+/// tokens until the first byte of the response body, KV blocks until the end.
 #[derive(Debug)]
 pub(super) struct Tracked<'a> {
     state: &'a WorkerState,
@@ -139,7 +139,8 @@ impl<'a> Tracked<'a> {
         }
     }
 
-    /// The first response byte arrived, `ttft` after the request started: prefill is over.
+    /// The first byte of the response body arrived, `ttft` after the request started:
+    /// prefill is over.
     pub(super) fn first_byte(&mut self, ttft: Duration) {
         let cell = &self.state.tracked[self.core];
         add(&cell.ttft_us, ttft.as_micros() as u64);

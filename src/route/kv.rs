@@ -1,4 +1,4 @@
-//! `kv` routing (semantics §10): Dynamo's cost over the members' predicted cached prefixes
+//! `kv` routing (docs/behaviour.md §4.7): Dynamo's cost over the members' predicted cached prefixes
 //! and loads, and the whole decision as the data path makes it (hash the prompt, look up
 //! the index, pick, record the prediction). Pure apart from the index's atomics; `now` is
 //! an argument.
@@ -7,7 +7,7 @@ use super::cache::{MAX_MEMBERS, PredictedCache, Recorded};
 use super::prefix::{chunk_bytes, prompt_hashes};
 use super::{MemberState, Pick, Rng};
 
-/// `kv` mode's settings, with Dynamo's names and defaults (semantics §10).
+/// `kv` mode's settings, with Dynamo's names and defaults (docs/behaviour.md §4.7, §20.5).
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
 pub struct KvSettings {
     /// 0: the cheapest member; above 0: softmax sampling over the costs.

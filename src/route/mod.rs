@@ -9,7 +9,7 @@ pub mod prefix;
 
 pub use kv::{KvDecision, KvSettings, decide_kv, pick_kv};
 
-/// How a model's pool picks a worker (semantics §4); busy and down workers are skipped in
+/// How a model's pool picks a worker (docs/behaviour.md §4.4–§4.5); busy and down workers are skipped in
 /// every mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]

@@ -1,4 +1,4 @@
-//! The busy rule (semantics §3) as pure code: thresholds, per-rank checks with the decode
+//! The busy rule (docs/behaviour.md §3) as pure code: thresholds, per-rank checks with the decode
 //! latch, and the all-ranks aggregation. No I/O, no clock: the monitor feeds it values.
 
 mod adaptive;

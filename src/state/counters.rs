@@ -93,7 +93,7 @@ impl Outcome {
     }
 }
 
-/// Why a request moved to another worker (`dynamo_frontend_model_migration_total{reason}`).
+/// Why a request moved to another worker (`spillway_migrations_total{model,reason}`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MigrationReason {
     WorkerAtCapacity,
@@ -145,12 +145,13 @@ pub const ITL_BUCKETS: [f64; 13] = [
 ];
 pub const DURATION_BUCKETS: [f64; 10] = [0.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 130.0, 260.0, 510.0];
 
-/// `dynamo_frontend_input_sequence_tokens` and `dynamo_frontend_cached_tokens`: Dynamo's
-/// log-spaced buckets from 50 to 128,000 tokens (12, rounded to 2 significant figures).
+/// `dynamo_frontend_input_sequence_tokens` and `dynamo_frontend_cached_tokens`: 0, then 11
+/// log-spaced bounds from 100 to 130,000 tokens (2 significant figures).
 pub const ISL_BUCKETS: [f64; 12] = [
     0.0, 100.0, 210.0, 430.0, 870.0, 1800.0, 3600.0, 7400.0, 15000.0, 31000.0, 63000.0, 130000.0,
 ];
-/// `dynamo_frontend_output_sequence_tokens`: 50 to 32,000 tokens, 10 buckets.
+/// `dynamo_frontend_output_sequence_tokens`: 0, then 9 log-spaced bounds from 100 to
+/// 32,000 tokens.
 pub const OSL_BUCKETS: [f64; 10] = [
     0.0, 100.0, 210.0, 430.0, 880.0, 1800.0, 3700.0, 7600.0, 16000.0, 32000.0,
 ];

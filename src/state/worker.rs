@@ -113,7 +113,7 @@ impl WorkerState {
 
     /// A load report for the worker was applied at `now_ms` (by the monitor): it ends a
     /// refusal hold that began before it, since the busy rule now judges the worker on
-    /// fresh load (semantics §6: "for a defined time or until its next load report").
+    /// fresh load (docs/behaviour.md §8.6).
     /// A hold renewed meanwhile by a core stays.
     pub fn load_reported(&self, now_ms: u64) {
         let until = self.overloaded_until_ms.load(Ordering::Relaxed);
