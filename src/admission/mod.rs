@@ -344,7 +344,7 @@ impl Gate {
     }
 
     /// Counts a refusal that happened after a ticket was taken (queue timeout).
-    pub fn count_rejection(&self) {
+    pub fn count_refusal(&self) {
         self.rejected.fetch_add(1, Ordering::Relaxed);
     }
 

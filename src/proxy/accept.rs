@@ -67,7 +67,7 @@ fn accepted(ctx: &Rc<CoreCtx>, stream: TcpStream, peer: SocketAddr, tls: bool) {
         add(&ctx.counters().connections_refused, 1);
         // A TLS client could not read a plain answer: it just sees the close.
         if !tls {
-            monoio::spawn(refuse(ctx.clone(), stream));
+            monoio::spawn(turn_away(ctx.clone(), stream));
         }
         return;
     }
@@ -75,7 +75,7 @@ fn accepted(ctx: &Rc<CoreCtx>, stream: TcpStream, peer: SocketAddr, tls: bool) {
 }
 
 /// Answers a connection over `max_connections` and closes it.
-async fn refuse(ctx: Rc<CoreCtx>, mut stream: TcpStream) {
+async fn turn_away(ctx: Rc<CoreCtx>, mut stream: TcpStream) {
     let mut out = Vec::with_capacity(256);
     ctx.shared
         .snapshot

@@ -46,7 +46,7 @@ pub(super) async fn admit<'w>(
         // The deadline and the turn can come together: a ready ticket goes ahead.
         Err(Interrupt::Timeout) if ticket.is_ready() => Ok(Some(ticket)),
         Err(Interrupt::Timeout) => {
-            gate.count_rejection();
+            gate.count_refusal();
             let (running, _) = gate.occupancy();
             let share = gate.class_limit(class);
             // Held back by its class's share while slots stood free: that share refused it.

@@ -59,7 +59,7 @@ async fn local(s: &mut Session, mut reader: Reader<'_>, error: Option<RequestErr
         match read_body(s, reader.as_mut()).await {
             Ok(body) => reader.as_mut().consume(body.request_end, INITIAL_READ_BUF),
             Err(BodyError::Closed) => return false,
-            Err(BodyError::Bad(e)) => return s.reject_framing(e).await,
+            Err(BodyError::Bad(e)) => return s.answer_malformed(e).await,
         }
     }
     let status = error.map_or(200, |e| e.status(s.snap.config.overload_status_code));

@@ -52,7 +52,7 @@ impl Refusal {
     pub fn to_client(self, why: Option<Why>) -> RequestError {
         match self {
             Refusal::UpstreamUnavailable => RequestError::Unavailable,
-            r => RequestError::WorkerOverloaded(r, why),
+            r => RequestError::Refused(r, why),
         }
     }
 }
@@ -74,7 +74,7 @@ pub enum RequestError {
     /// Every eligible worker is busy (pool-wide; never migrated); why the least busy one is.
     Overloaded(Option<Why>),
     /// Worker-local refusals left no worker to migrate to, or the limit is spent.
-    WorkerOverloaded(Refusal, Option<Why>),
+    Refused(Refusal, Option<Why>),
     /// Direct routing: the pinned worker is busy.
     DirectBusy(Option<Why>),
     /// No worker can serve at all.
@@ -94,7 +94,7 @@ impl RequestError {
             NotFound | UnknownModel | DirectUnknownWorker => 404,
             MethodNotAllowed { .. } => 405,
             BadBody(_) | MissingModel | DirectMissingHeader => 400,
-            Overloaded(_) | WorkerOverloaded(..) | DirectBusy(_) => overload,
+            Overloaded(_) | Refused(..) | DirectBusy(_) => overload,
             Unavailable => 503,
             BadGateway(_) => 502,
             GatewayTimeout => 504,
@@ -105,7 +105,7 @@ impl RequestError {
     pub fn outcome(&self) -> Outcome {
         use RequestError::*;
         match self {
-            Overloaded(_) | WorkerOverloaded(..) | DirectBusy(_) => Outcome::Overload,
+            Overloaded(_) | Refused(..) | DirectBusy(_) => Outcome::Overload,
             Unavailable => Outcome::Unavailable,
             Framing(_) | BadBody(_) | MissingModel | DirectMissingHeader => Outcome::Validation,
             MethodNotAllowed { .. } => Outcome::Validation,
@@ -120,10 +120,10 @@ impl RequestError {
         self.outcome().error_type()
     }
 
-    /// True when no engine worked on the request and the refusal is transient: the
-    /// client (or a proxy in front) may send it again, here or elsewhere. These answers
-    /// carry `Retry-After` and name the knob that refused.
-    pub fn retry_safe(&self) -> bool {
+    /// True when no engine worked on the request and the answer is transient (an
+    /// overload, a refusal, nothing reachable): the client (or a proxy in front) may send
+    /// it again, here or elsewhere. These answers carry `Retry-After` and name the knob.
+    pub fn client_may_retry(&self) -> bool {
         self.knob().is_some()
     }
 
@@ -132,7 +132,7 @@ impl RequestError {
         use RequestError::*;
         match self {
             Overloaded(why) | DirectBusy(why) => Some(why.map_or(Knob::QueueFull, |w| w.knob)),
-            WorkerOverloaded(r, why) => Some(why.map_or(r.knob(), |w| w.knob)),
+            Refused(r, why) => Some(why.map_or(r.knob(), |w| w.knob)),
             Unavailable => Some(Knob::Unreachable),
             _ => None,
         }
@@ -143,13 +143,13 @@ impl RequestError {
         match self {
             RequestError::Overloaded(why)
             | RequestError::DirectBusy(why)
-            | RequestError::WorkerOverloaded(_, why) => *why,
+            | RequestError::Refused(_, why) => *why,
             _ => None,
         }
     }
 
     /// Counted in `dynamo_frontend_model_rejection_total`.
-    pub fn is_rejection(&self) -> bool {
+    pub fn answers_overloaded(&self) -> bool {
         self.outcome() == Outcome::Overload
     }
 
@@ -173,7 +173,7 @@ impl RequestError {
         let canned = match self {
             NotFound => &snap.responses.not_found,
             UnknownModel => &snap.responses.model_not_found,
-            _ if self.retry_safe() => {
+            _ if self.client_may_retry() => {
                 return self.write_refusal(snap, class, out, request_id, keep_alive, with_body);
             }
             _ => {
@@ -253,8 +253,8 @@ impl RequestError {
             UnknownModel => messages::MODEL_NOT_FOUND.into(),
             Overloaded(_) => messages::OVERLOADED.into(),
             DirectBusy(_) => messages::DIRECT_BUSY.into(),
-            WorkerOverloaded(Refusal::QueueTimeout, _) => QUEUE_TIMEOUT.into(),
-            WorkerOverloaded(..) => AT_CAPACITY.into(),
+            Refused(Refusal::QueueTimeout, _) => QUEUE_TIMEOUT.into(),
+            Refused(..) => AT_CAPACITY.into(),
             Unavailable => messages::UNAVAILABLE.into(),
         }
     }
@@ -284,7 +284,7 @@ pub enum AttemptError {
 
 impl AttemptError {
     /// Another worker may take the request: nothing reached an engine that works on it.
-    pub fn retry_safe(&self) -> bool {
+    pub fn another_worker_may_try(&self) -> bool {
         matches!(self, AttemptError::Refused(..) | AttemptError::Unreachable)
     }
 

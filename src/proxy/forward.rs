@@ -22,7 +22,7 @@ pub(super) enum Forwarded {
     /// The whole response reached the client.
     Done { keep_alive: bool, status: u16 },
     /// Nothing reached the client; answer it locally.
-    Rejected(RequestError),
+    Local(RequestError),
     /// The client left, or the response broke after bytes were sent: close.
     Aborted(Outcome),
 }
@@ -30,7 +30,7 @@ pub(super) enum Forwarded {
 impl From<AttemptError> for Forwarded {
     fn from(e: AttemptError) -> Forwarded {
         match e.to_client() {
-            Some(answer) => Forwarded::Rejected(answer),
+            Some(answer) => Forwarded::Local(answer),
             None => Forwarded::Aborted(e.outcome()),
         }
     }
@@ -52,8 +52,8 @@ pub(super) async fn forward(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>) -> Forward
         Forwarded::Done { status, .. } => {
             Outcome::of_status(status, req.snap.config.overload_status_code)
         }
-        Forwarded::Rejected(e) => {
-            if e.is_rejection() {
+        Forwarded::Local(e) => {
+            if e.answers_overloaded() {
                 cells.rejected(req.endpoint);
             }
             if let Some(knob) = e.knob() {
@@ -65,7 +65,7 @@ pub(super) async fn forward(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>) -> Forward
         Forwarded::Aborted(o) => o,
     };
     cells.request_done(req.endpoint, req.request_type, outcome);
-    if !matches!(result, Forwarded::Rejected(_)) {
+    if !matches!(result, Forwarded::Local(_)) {
         let secs = clock::since(req.started).as_secs_f64();
         cells.duration.observe(&DURATION_BUCKETS, secs);
     }
@@ -151,13 +151,13 @@ async fn attempts(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, stage: &mut InStage<
         let picked = match pick(ctx, &ex.req, id, ex.prompt(), excluded, now) {
             Ok(p) => p,
             // Refused by every worker tried, and nothing left: say why they refused.
-            Err(RequestError::Overloaded(_) | RequestError::WorkerOverloaded(..))
+            Err(RequestError::Overloaded(_) | RequestError::Refused(..))
                 if tries.last_refusal.is_some() =>
             {
                 let (last, why) = tries.last_refusal.unwrap_or((Refusal::AtCapacity, None));
-                return Forwarded::Rejected(RequestError::WorkerOverloaded(last, why));
+                return Forwarded::Local(RequestError::Refused(last, why));
             }
-            Err(e) => return Forwarded::Rejected(e),
+            Err(e) => return Forwarded::Local(e),
         };
         let pos = picked.member;
         if model.kv.is_some() && !tries.cached_observed {
@@ -171,7 +171,7 @@ async fn attempts(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, stage: &mut InStage<
         ex.trail.worker = Some(model.members[pos].worker as usize);
         let e = match attempt(ctx, ex, worker, picked.cached_tokens, stage).await {
             Ok(Done { keep_alive, status }) => return Forwarded::Done { keep_alive, status },
-            Err(e) if !e.retry_safe() => {
+            Err(e) if !e.another_worker_may_try() => {
                 if e.to_client().is_none() {
                     ex.trail.closed = Some(match e {
                         AttemptError::ClientGone | AttemptError::ClientSendTimeout => {
@@ -190,7 +190,7 @@ async fn attempts(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, stage: &mut InStage<
         match e {
             AttemptError::Refused(refusal, why) => {
                 if let Some(last) = refused(ctx, &ex.req, worker, refusal, why, &tries) {
-                    return Forwarded::Rejected(last);
+                    return Forwarded::Local(last);
                 }
                 tries.migrations += 1;
                 ex.trail.migrations = tries.migrations;
@@ -224,9 +224,7 @@ fn refused(
         Refusal::UpstreamUnavailable => worker.state.inhibit(now, limits.worker_down_backoff_ms),
         // A class's share says nothing of the worker: other classes keep using it.
         _ if why.is_some_and(|w| w.knob == Knob::ClassShare) => {}
-        _ => worker
-            .state
-            .mark_overloaded(now, limits.worker_refusal_hold_ms),
+        _ => worker.state.hold(now, limits.worker_refusal_hold_ms),
     }
     let migrations = tries.migrations;
     tracing::debug!(worker = %worker.cfg.name, ?refusal, migrations, "worker refused the request");

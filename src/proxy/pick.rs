@@ -14,7 +14,7 @@ use crate::state::{BusySet, KvRouting};
 
 /// Members this request must not use again: `failed` (connect failures, like down) and
 /// `refused` (worker-local refusals, like busy). Bit i is member i; pools beyond 128
-/// members rely on the shared down and overloaded marks alone.
+/// members rely on the shared down marks and refusal holds alone.
 #[derive(Debug, Default, Clone, Copy)]
 pub(super) struct Excluded {
     failed: u128,
@@ -65,7 +65,7 @@ pub(super) fn pick(
         let w = &snap.workers[m.worker as usize].state;
         let mut s = MemberState {
             unreachable: w.is_down(now) || ex.failed & bit(i) != 0,
-            busy: (shed && why(i).is_some()) || w.is_overloaded(now) || ex.refused & bit(i) != 0,
+            busy: (shed && why(i).is_some()) || w.is_held(now) || ex.refused & bit(i) != 0,
             inflight: w.inflight_on(ctx.id),
             load: busy.load(m.id),
             ..MemberState::default()
@@ -109,7 +109,7 @@ pub(super) fn pick(
         // Nothing busy by the busy rule: what excluded the rest were worker-local
         // refusals (this request's, or marks since the last publish). Say so.
         Pick::Overloaded if !(shed && (0..n).any(|i| why(i).is_some())) => {
-            Err(RequestError::WorkerOverloaded(Refusal::AtCapacity, None))
+            Err(RequestError::Refused(Refusal::AtCapacity, None))
         }
         // Every worker busy by the busy rule: the least busy one says why.
         Pick::Overloaded => Err(RequestError::Overloaded(least_busy(n, |i| {

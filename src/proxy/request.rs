@@ -90,7 +90,7 @@ pub(super) async fn proxy(s: &mut Session, mut reader: Reader<'_>, endpoint: End
     let body = match read_body(s, reader.as_mut()).await {
         Ok(b) => b,
         Err(BodyError::Closed) => return false,
-        Err(BodyError::Bad(e)) => return s.reject_framing(e).await,
+        Err(BodyError::Bad(e)) => return s.answer_malformed(e).await,
     };
     let snap = s.snap.clone();
     let found = find_model(
@@ -141,7 +141,7 @@ pub(super) async fn proxy(s: &mut Session, mut reader: Reader<'_>, endpoint: End
     let keep = match forwarded {
         Forwarded::Done { keep_alive, .. } => keep_alive,
         Forwarded::Aborted(_) => false,
-        Forwarded::Rejected(e) => {
+        Forwarded::Local(e) => {
             let (keep, written) = s.answer_counted(e, keep, true).await;
             trail.bytes_out += written;
             keep
@@ -195,7 +195,7 @@ fn log_forwarded(
     let overload = req.snap.config.overload_status_code;
     let (status, knob) = match forwarded {
         Forwarded::Done { status, .. } => (status, None),
-        Forwarded::Rejected(e) => (e.status(overload), e.knob().map(|k| k.label())),
+        Forwarded::Local(e) => (e.status(overload), e.knob().map(|k| k.label())),
         // The worker's status when its head was relayed; else nginx's 499 (client
         // gone) or 502.
         Forwarded::Aborted(_) => {

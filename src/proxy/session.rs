@@ -37,7 +37,7 @@ pub(super) struct Session {
 impl Session {
     /// Answers a request whose framing is in doubt (a bad request) and closes: returns
     /// false, the connection's fate.
-    pub(super) async fn reject_framing(&mut self, e: HttpError) -> bool {
+    pub(super) async fn answer_malformed(&mut self, e: HttpError) -> bool {
         add(&self.ctx.counters().bad_requests, 1);
         self.answer(RequestError::Framing(e), false, true).await;
         false

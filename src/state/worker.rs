@@ -1,4 +1,4 @@
-//! Per-worker state shared by every core: down and overload marks, and the router-side
+//! Per-worker state shared by every core: down marks and refusal holds, and the router-side
 //! load each core has sent to the worker. Atomics only; kept across reloads while the
 //! worker is unchanged.
 
@@ -24,9 +24,9 @@ pub struct WorkerState {
     /// Monotonic ms until which the worker is skipped after refusing a request (at
     /// capacity, queue timeout, upstream overload), whatever the monitor publishes, unless
     /// a load report arrives first.
-    overloaded_until_ms: AtomicU64,
+    held_until_ms: AtomicU64,
     /// When the latest refusal hold began (monotonic ms).
-    overloaded_since_ms: AtomicU64,
+    held_since_ms: AtomicU64,
     /// One entry per core, written only by that core: what it routed and has not finished.
     pub tracked: Box<[CachePadded<TrackedLoad>]>,
     /// `kv` routing's cost inputs, as the monitor last published them: the load the engine
@@ -71,8 +71,8 @@ impl WorkerState {
             name: name.into(),
             down_until_ms: AtomicU64::new(0),
             failures: AtomicU32::new(0),
-            overloaded_until_ms: AtomicU64::new(0),
-            overloaded_since_ms: AtomicU64::new(0),
+            held_until_ms: AtomicU64::new(0),
+            held_since_ms: AtomicU64::new(0),
             tracked: (0..cores)
                 .map(|_| CachePadded::new(TrackedLoad::default()))
                 .collect(),
@@ -104,10 +104,9 @@ impl WorkerState {
 
     /// Keeps a worker that refused a request out of rotation for `hold_ms`, or until its
     /// next load report ([`WorkerState::load_reported`]).
-    pub fn mark_overloaded(&self, now_ms: u64, hold_ms: u64) {
-        self.overloaded_since_ms
-            .fetch_max(now_ms, Ordering::Relaxed);
-        self.overloaded_until_ms
+    pub fn hold(&self, now_ms: u64, hold_ms: u64) {
+        self.held_since_ms.fetch_max(now_ms, Ordering::Relaxed);
+        self.held_until_ms
             .fetch_max(now_ms.saturating_add(hold_ms), Ordering::Relaxed);
     }
 
@@ -116,22 +115,19 @@ impl WorkerState {
     /// fresh load (docs/behaviour.md §8.6).
     /// A hold renewed meanwhile by a core stays.
     pub fn load_reported(&self, now_ms: u64) {
-        let until = self.overloaded_until_ms.load(Ordering::Relaxed);
-        if until <= now_ms || self.overloaded_since_ms.load(Ordering::Relaxed) >= now_ms {
+        let until = self.held_until_ms.load(Ordering::Relaxed);
+        if until <= now_ms || self.held_since_ms.load(Ordering::Relaxed) >= now_ms {
             return;
         }
         // Fails, keeping the hold, if a core extended it since the load above.
-        let _ = self.overloaded_until_ms.compare_exchange(
-            until,
-            0,
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-        );
+        let _ = self
+            .held_until_ms
+            .compare_exchange(until, 0, Ordering::Relaxed, Ordering::Relaxed);
     }
 
     #[inline]
-    pub fn is_overloaded(&self, now_ms: u64) -> bool {
-        self.overloaded_until_ms.load(Ordering::Relaxed) > now_ms
+    pub fn is_held(&self, now_ms: u64) -> bool {
+        self.held_until_ms.load(Ordering::Relaxed) > now_ms
     }
 
     /// Inhibits a worker that answered 503 for `ms` (it is skipped like a down worker).
@@ -280,29 +276,29 @@ mod tests {
     #[test]
     fn a_refusal_holds_for_its_time_and_a_shorter_one_never_shortens_it() {
         let w = WorkerState::new(0, "w", 1);
-        assert!(!w.is_overloaded(0));
-        w.mark_overloaded(100, 1000);
-        assert!(w.is_overloaded(1099) && !w.is_overloaded(1100));
-        w.mark_overloaded(200, 10);
-        assert!(w.is_overloaded(1099));
+        assert!(!w.is_held(0));
+        w.hold(100, 1000);
+        assert!(w.is_held(1099) && !w.is_held(1100));
+        w.hold(200, 10);
+        assert!(w.is_held(1099));
     }
 
     #[test]
     fn a_load_report_after_a_refusal_ends_its_hold_and_an_earlier_one_does_not() {
         let w = WorkerState::new(0, "w", 1);
-        w.mark_overloaded(100, 1000);
+        w.hold(100, 1000);
         w.load_reported(100);
         assert!(
-            w.is_overloaded(500),
+            w.is_held(500),
             "a report of the refusal's own ms is not after it"
         );
         w.load_reported(101);
-        assert!(!w.is_overloaded(101));
-        w.mark_overloaded(200, 1000);
+        assert!(!w.is_held(101));
+        w.hold(200, 1000);
         w.load_reported(1300);
-        assert!(!w.is_overloaded(1300), "nothing to end past the hold");
-        w.mark_overloaded(1400, 1000);
-        assert!(w.is_overloaded(1500), "a new refusal holds again");
+        assert!(!w.is_held(1300), "nothing to end past the hold");
+        w.hold(1400, 1000);
+        assert!(w.is_held(1500), "a new refusal holds again");
     }
 
     #[test]

@@ -10,7 +10,7 @@ fn decode(value: f64) -> Option<Why> {
 
 #[test]
 fn statuses_labels_and_retry_safety() {
-    let queue_timeout = RequestError::WorkerOverloaded(Refusal::QueueTimeout, None);
+    let queue_timeout = RequestError::Refused(Refusal::QueueTimeout, None);
     let cases = [
         (RequestError::Overloaded(decode(0.9)), 529, "overload", true),
         (queue_timeout, 529, "overload", true),
@@ -27,12 +27,12 @@ fn statuses_labels_and_retry_safety() {
         (RequestError::GatewayTimeout, 504, "response_timeout", false),
     ];
     for (e, status, label, retry) in cases {
-        let got = (e.status(529), e.label(), e.retry_safe());
+        let got = (e.status(529), e.label(), e.client_may_retry());
         assert_eq!(got, (status, label, retry), "{e:?}");
     }
-    assert!(AttemptError::Refused(Refusal::AtCapacity, None).retry_safe());
-    assert!(AttemptError::Unreachable.retry_safe());
-    assert!(!AttemptError::BadGateway("x").retry_safe());
+    assert!(AttemptError::Refused(Refusal::AtCapacity, None).another_worker_may_try());
+    assert!(AttemptError::Unreachable.another_worker_may_try());
+    assert!(!AttemptError::BadGateway("x").another_worker_may_try());
     assert_eq!(AttemptError::Timeout.status(529), Some(504));
     assert_eq!(AttemptError::ClientGone.label(), "cancelled");
     assert_eq!(
@@ -103,7 +103,7 @@ fn refusals_say_which_knob_the_value_and_the_setting() {
         value: 18.0,
         threshold: 18.0,
     };
-    let v = body(&render(RequestError::WorkerOverloaded(
+    let v = body(&render(RequestError::Refused(
         Refusal::AtCapacity,
         Some(full),
     )));
