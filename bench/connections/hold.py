@@ -7,14 +7,12 @@ answer whole (Content-Length, must be 200), then keeps every connection open and
 Prints "held N" once all are idle, and closes them all when stdin closes."""
 
 import asyncio
+import os
 import resource
 import sys
 
-BODY = (b'{"model":"bench-model","messages":[{"role":"user","content":'
-        b'"Say hello in one word."}],"max_tokens":8}')
-REQUEST = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: bench\r\n"
-           b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-           % (len(BODY), BODY))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from spillbench.http import BENCH_REQUEST as REQUEST, content_length  # noqa: E402
 
 
 async def one(host, port):
@@ -23,8 +21,7 @@ async def one(host, port):
     head = await reader.readuntil(b"\r\n\r\n")
     if not head.startswith(b"HTTP/1.1 200"):
         raise RuntimeError(f"unexpected answer: {head[:80]!r}")
-    length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
-    await reader.readexactly(length)
+    await reader.readexactly(content_length(head))
     return writer
 
 

@@ -8,7 +8,7 @@
 # whose load only the front doors know: `load_sources = ["tracked"]`, busy above
 # SHED_PREFILL prefill tokens or SHED_DECODE of the KV blocks, least-loaded routing, no
 # engine_request_limit (the busy view alone decides). Open-loop streaming chat
-# completions (bench/overload/loadgen.py) at LOADS × C in total, for three setups:
+# completions (bench/lib/spillbench/loadgen.py) at LOADS × C in total, for three setups:
 #   single   one front door takes all of it (what the thresholds were set for)
 #   nosync   two front doors, requests alternating between them; each sees only what it
 #            routed, so an engine fed by both reaches up to twice the threshold
@@ -42,7 +42,6 @@ MODEL=mock-model
 NATS_SERVER=${NATS_SERVER:-/usr/sbin/nats-server}
 DOOR_CPU=0
 LOAD_CPU=1
-OVERLOAD="$BENCH_DIR/overload"
 
 bench_init replicas
 START=$SECONDS
@@ -59,7 +58,7 @@ T=$BENCH_TMP
 mkdir -p "$T/runs"
 read -r P_D1 P_A1 P_D2 P_A2 P_E1 P_E2 P_NATS <<<"$(free_ports 7)"
 
-read -r C_1 <<<"$("$PY" "$OVERLOAD/report.py" capacity --prompt-bytes "$PROMPT_BYTES" \
+read -r C_1 <<<"$("$PY" -m spillbench capacity --prompt-bytes "$PROMPT_BYTES" \
   --max-tokens "$MAX_TOKENS" --max-num-seqs $MAX_NUM_SEQS --kv-blocks $KV_BLOCKS \
   --block-size $BLOCK_SIZE --max-num-batched-tokens $MAX_NUM_BATCHED_TOKENS \
   --prefill-tps $PREFILL_TPS --step-ms $STEP_MS --step-per-seq-ms $STEP_PER_SEQ_MS)"
@@ -75,11 +74,7 @@ start_engines() {
   for e in 1 2; do
     local port_var="P_E$e"
     port_unused "${!port_var}"
-    spawn $LOAD_CPU "engine$e" "$SPILLWAY" mock-engine --listen "127.0.0.1:${!port_var}" \
-      --model $MODEL --kv-blocks $KV_BLOCKS --block-size $BLOCK_SIZE \
-      --max-num-seqs $MAX_NUM_SEQS --max-num-batched-tokens $MAX_NUM_BATCHED_TOKENS \
-      --prefill-tokens-per-s $PREFILL_TPS --decode-step-ms $STEP_MS \
-      --decode-step-per-seq-ms $STEP_PER_SEQ_MS --default-max-tokens $MAX_TOKENS
+    spawn_mock_engine $LOAD_CPU "engine$e" "${!port_var}"
     eval "PID_E$e=$SPAWNED"
   done
   wait_port "$P_E1" "$PID_E1"; wait_port "$P_E2" "$PID_E2"
@@ -175,7 +170,7 @@ for k in $LOADS; do
     spawn $LOAD_CPU "sampler-$tag" bash -c "$(declare -f sample); P_E1=$P_E1 P_E2=$P_E2 sample '$T/runs/$tag.queue' $DURATION"
     SAMPLER=$SPAWNED
     c0=$(cpu_ticks "${DOOR_PIDS[@]}")
-    run_pinned $LOAD_CPU timeout $((DURATION + DRAIN + 60)) "$PY" "$OVERLOAD/loadgen.py" \
+    run_pinned $LOAD_CPU timeout $((DURATION + DRAIN + 60)) "$PY" -m spillbench.loadgen \
       --model $MODEL --prompt-bytes "$PROMPT_BYTES" --max-tokens "$MAX_TOKENS" \
       --label "$tag" --out "$T/runs/$tag.jsonl" --ports "$ports" --rate "$rate" \
       --duration "$DURATION" --drain "$DRAIN" --seed 7 2>>"$T/loadgen.err" \
@@ -197,7 +192,7 @@ ELAPSED=$((SECONDS - START))
   echo
   machine_header
   echo "- $("$NATS_SERVER" --version 2>&1 | head -1); placement: front doors (cores=1 each, monitor on the same CPU) and nats-server on CPU $DOOR_CPU; both mock engines, the load generator and the queue sampler on CPU $LOAD_CPU."
-  echo "- Engines (each): \`spillway mock-engine --kv-blocks $KV_BLOCKS --block-size $BLOCK_SIZE --max-num-seqs $MAX_NUM_SEQS --max-num-batched-tokens $MAX_NUM_BATCHED_TOKENS --prefill-tokens-per-s $PREFILL_TPS --decode-step-ms $STEP_MS --decode-step-per-seq-ms $STEP_PER_SEQ_MS\`; C = $C req/s for both (the mock's time model)."
+  echo "- Engines (each): \`spillway mock-engine $(mock_engine_flags)\`; C = $C req/s for both (the mock's time model)."
   echo "- Doors: least-loaded, \`load_sources = [\"tracked\"]\`, active_prefill_tokens_threshold = $SHED_PREFILL, active_decode_blocks_threshold = $SHED_DECODE, no engine_request_limit; requests alternate between the two doors (nosync, sync)."
 } >"$T/header.md"
 

@@ -1,16 +1,19 @@
 #!/usr/bin/env python3
 """The replica-sync bench's table (bench/fleet/replicas.sh): per load and setup, what the
-clients saw (bench/overload/report.py's analysis of loadgen.py's records) and how deep the
+clients saw (spillbench.analysis of spillbench.loadgen's records) and how deep the
 engines' own queue got (the 100 ms samples of running + waiting over both engines, within
 the measured window)."""
 
 import argparse
-import json
 import os
 import sys
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "overload"))
-from report import analyse, load_run, ms, pct  # noqa: E402
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from spillbench import results  # noqa: E402
+from spillbench.analysis import analyse  # noqa: E402
+from spillbench.markdown import ms  # noqa: E402
+from spillbench.results import load_run  # noqa: E402
+from spillbench.stats import pct  # noqa: E402
 
 SETUP_NAMES = {
     "single": "one door",
@@ -46,8 +49,8 @@ def main():
     p.add_argument("--clk-tck", type=int, default=100)
     p.add_argument("--out-md", required=True)
     a = p.parse_args()
-    rows = [json.loads(l) for l in open(a.summary)]
-    out = [open(a.header).read().rstrip(), ""]
+    rows = results.read_jsonl(a.summary)
+    out = results.header(a.header)
     out += [
         "| load | setup | offered req/s | completed req/s | refused | TTFT p50 ms | TTFT p99 ms "
         "| engines' queue p50 / p99 / max | waiting p99 | door CPU s | errors |",
@@ -73,10 +76,8 @@ def main():
         "`vllm:num_requests_running` and `_waiting`), sampled every 100 ms while arrivals "
         "last, after the warm-up. Refused: 529 answers (every worker busy). TTFT over "
         "admitted requests, from each request's scheduled arrival.",
-        "",
     ]
-    with open(a.out_md, "w") as f:
-        f.write("\n".join(out))
+    results.write_md(a.out_md, out)
 
 
 if __name__ == "__main__":

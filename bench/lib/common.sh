@@ -10,6 +10,9 @@ BENCH_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 REPO_DIR="$(cd "$BENCH_DIR/.." && pwd)"
 WORK_DIR="$BENCH_DIR/work"          # git-ignored: the Python venv and nothing else
 RESULTS_DIR="$BENCH_DIR/results"
+# The benches' Python package (bench/lib/spillbench): `"$PY" -m spillbench ...`,
+# `"$PY" -m spillbench.loadgen ...`. Their own scripts find it by their path.
+export PYTHONPATH="$BENCH_DIR/lib${PYTHONPATH:+:$PYTHONPATH}"
 # SPILLWAY_BIN: use that binary as is (no build), e.g. one built in another checkout.
 SPILLWAY="${SPILLWAY_BIN:-$REPO_DIR/target/release/spillway}"
 mkdir -p "$WORK_DIR" "$RESULTS_DIR"
@@ -384,10 +387,50 @@ machine_header() {
   echo "- Date: $(date -u +%Y-%m-%dT%H:%MZ); Spillway $(git -C "$REPO_DIR" describe --always --dirty 2>/dev/null) ($("$SPILLWAY" --version))"
 }
 
+# The simulated engines of bench/overload, bench/prefix and bench/fleet/replicas.sh, from the
+# calling script's knobs: MODEL KV_BLOCKS BLOCK_SIZE MAX_NUM_SEQS MAX_NUM_BATCHED_TOKENS
+# PREFILL_TPS STEP_MS STEP_PER_SEQ_MS MAX_TOKENS.
+
+# mock_engine_flags: the engine's time-model flags (also what the result header shows).
+mock_engine_flags() {
+  echo "--kv-blocks $KV_BLOCKS --block-size $BLOCK_SIZE --max-num-seqs $MAX_NUM_SEQS --max-num-batched-tokens $MAX_NUM_BATCHED_TOKENS --prefill-tokens-per-s $PREFILL_TPS --decode-step-ms $STEP_MS --decode-step-per-seq-ms $STEP_PER_SEQ_MS"
+}
+
+# spawn_mock_engine CPU LOGNAME PORT [ARGS...]: `spillway mock-engine` serving MODEL on
+# 127.0.0.1:PORT with those flags and ARGS, through spawn (sets SPAWNED).
+spawn_mock_engine() {
+  local cpu=$1 logname=$2 port=$3 flags
+  shift 3
+  read -r -a flags <<<"$(mock_engine_flags)"
+  spawn "$cpu" "$logname" "$SPILLWAY" mock-engine --listen "127.0.0.1:$port" --model "$MODEL" \
+    "${flags[@]}" --default-max-tokens "$MAX_TOKENS" "$@"
+}
+
+# dynamo_env: the environment both Dynamo benches run its frontend and mocker in (no etcd, no
+# NATS, loopback only, no Hugging Face downloads); sets PLANES, their plane flags.
+dynamo_env() {
+  export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DYN_TCP_RPC_HOST=127.0.0.1 \
+    DYN_EVENT_PLANE_HOST=127.0.0.1 DYN_TCP_RESPONSE_STREAM_HOST=127.0.0.1 DYN_LOG=warn
+  PLANES=(--discovery-backend file --request-plane tcp --event-plane zmq)
+}
+
+# dynamo_header LOAD_START: a Dynamo run's header lines: machine_header with the load
+# average at the start (LOAD_START) and now, then the date and Dynamo's versions ($DPY).
+dynamo_header() {
+  machine_header 2>/dev/null | grep -v '^- Date' \
+    | sed "s|^- Load average at start: [0-9. ]*|- Load average at start: $1, at the end: $(cut -d' ' -f1-3 /proc/loadavg) |"
+  echo "- Date: $(date -u +%Y-%m-%dT%H:%MZ); Dynamo: ai-dynamo $("$DPY" -c 'import importlib.metadata as m; print(m.version("ai-dynamo"))'), ai-dynamo-runtime $("$DPY" -c 'import importlib.metadata as m; print(m.version("ai-dynamo-runtime"))') (PyPI), Python $("$DPY" -c 'import platform; print(platform.python_version())'), tokenizers $("$DPY" -c 'import tokenizers; print(tokenizers.__version__)')"
+}
+
+# dynamo_env_line: the header line that says what dynamo_env set.
+dynamo_env_line() {
+  echo "- Environment of both: HF_HUB_OFFLINE=1, DYN_FILE_KV=<fresh folder per run>, DYN_TCP_RPC_HOST, DYN_EVENT_PLANE_HOST and DYN_TCP_RESPONSE_STREAM_HOST = 127.0.0.1, DYN_LOG=warn; no etcd, no NATS."
+}
+
 # ensure_dynamo: NVIDIA Dynamo's frontend and mocker (ai-dynamo and ai-dynamo-runtime
 # $DYNAMO_VERSION) in the venv $DYN_VENV; sets DPY to its python. When they are missing and
 # cannot be installed (no package index, pip fails), says why and exits 0: the peer is
-# skipped, not failed. (bench/overload/dynamo.sh keeps its own older copy of this.)
+# skipped, not failed (bench/overload/dynamo.sh, bench/prefix/dynamo.sh).
 ensure_dynamo() {
   DPY="$DYN_VENV/bin/python"
   local probe='import importlib.metadata as m, dynamo.frontend, dynamo.mocker, tokenizers

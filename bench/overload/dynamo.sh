@@ -21,12 +21,13 @@
 #               engine_request_limit/request_queue_limit
 # Both run without etcd or NATS: file discovery, TCP request plane, ZMQ event plane, all on
 # 127.0.0.1. The mocker and frontend need a model folder with a tokenizer: built here
-# (dynamo_model.py, word-level). Placement as in run.sh: the frontend on CPU 0; the mocker
-# and the load generator on CPU 1.
+# (bench/lib/spillbench/dynamo_model.py, word-level). Placement as in run.sh: the frontend
+# on CPU 0; the mocker and the load generator on CPU 1.
 #
 # Dynamo is installed into bench/work/dynamo-venv when missing (pip: ai-dynamo and
 # ai-dynamo-runtime $DYNAMO_VERSION with --no-deps, plus the dependencies the frontend and
-# mocker import). Without PyPI the script says so and exits 0 (skipped).
+# mocker import; bench/lib/common.sh ensure_dynamo). Without PyPI, or when pip fails, the
+# script says so and exits 0 (skipped).
 #
 # Knobs (environment, defaults below): LOADS SETUPS DURATION WARMUP DRAIN PROMPT_BYTES
 # MAX_TOKENS CAP_DURATION CAP_WARMUP SPEEDUP DYN_DECODE DYN_PREFILL DYN_CAP_N DYN_CAP_Q
@@ -74,44 +75,17 @@ need curl curl
 # The load generator and the report need only the standard library (no plot here).
 PY=$(command -v python3)
 
-# ensure_dynamo: Dynamo's frontend and mocker in $DYN_VENV; sets DPY. Exits 0 (skipped)
-# when they are missing and PyPI cannot be reached.
-ensure_dynamo() {
-  DPY="$DYN_VENV/bin/python"
-  local probe='import importlib.metadata as m, dynamo.frontend, dynamo.mocker, tokenizers
-assert m.version("ai-dynamo") == m.version("ai-dynamo-runtime") == "'"$DYNAMO_VERSION"'"'
-  if "$DPY" -c "$probe" 2>/dev/null; then return 0; fi
-  local index=${PIP_INDEX_URL:-https://pypi.org/simple}
-  if ! python3 -c 'import sys, urllib.request as u; u.urlopen(sys.argv[1].rstrip("/") + "/ai-dynamo/", timeout=15)' "$index" 2>/dev/null; then
-    log "skipped: the package index ($index) cannot be reached, and Dynamo is not installed in $DYN_VENV"
-    exit 0
-  fi
-  log "installing NVIDIA Dynamo $DYNAMO_VERSION into $DYN_VENV (pip, a minute or two once)"
-  [[ -x $DPY ]] || python3 -m venv "$DYN_VENV" || { need python3 python3-venv; python3 -m venv "$DYN_VENV"; }
-  # --no-deps: ai-dynamo depends on `aisimulate`, which downloads from an index that cannot be
-  # reached; the frontend and the mocker never import it. These are the ones they do import.
-  # (pip's resolver then reports an ERROR about the missing aisimulate: expected, harmless.)
-  nice -n 10 "$DYN_VENV/bin/pip" install -q --disable-pip-version-check --no-deps \
-      "ai-dynamo==$DYNAMO_VERSION" "ai-dynamo-runtime==$DYNAMO_VERSION" \
-    && nice -n 10 "$DYN_VENV/bin/pip" install -q --disable-pip-version-check aiohttp certifi \
-      'kubernetes<33' msgspec prometheus-client pyzmq redis tqdm transformers tokenizers \
-      zstandard 'pydantic<=2.13.5' uvloop \
-    || die "pip install of Dynamo $DYNAMO_VERSION failed (see above)"
-  "$DPY" -c "$probe" || die "Dynamo $DYNAMO_VERSION installed but does not import"
-}
 ensure_dynamo
 watchdog "$MAX_SECONDS"
 
 T=$BENCH_TMP
 mkdir -p "$T/runs"
 MODEL_DIR="$T/model"
-"$DPY" "$HERE/dynamo_model.py" "$MODEL_DIR" || die "could not build the tokenizer folder"
+"$DPY" -m spillbench.dynamo_model "$MODEL_DIR" || die "could not build the tokenizer folder"
 read -r P_FE <<<"$(free_ports 1)"
 
 # Both processes: no etcd, no NATS; everything on loopback; no Hugging Face downloads.
-export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DYN_TCP_RPC_HOST=127.0.0.1 \
-  DYN_EVENT_PLANE_HOST=127.0.0.1 DYN_TCP_RESPONSE_STREAM_HOST=127.0.0.1 DYN_LOG=warn
-PLANES=(--discovery-backend file --request-plane tcp --event-plane zmq)
+dynamo_env
 MOCKER_ARGS=(--model-path "$MODEL_DIR" --model-name $MODEL --num-workers $WORKERS
   --num-gpu-blocks-override $KV_BLOCKS --block-size $BLOCK_SIZE --max-num-seqs $MAX_NUM_SEQS
   --max-num-batched-tokens $MAX_NUM_BATCHED_TOKENS --no-enable-prefix-caching
@@ -156,7 +130,7 @@ stop_dynamo() { stop_pid "$PID_FE"; stop_pid "$PID_MOCKER"; }
 
 loadgen() { # out label extra-args...
   local out=$1 label=$2; shift 2
-  run_pinned $LOAD_CPU timeout $((DURATION + DRAIN + 60)) "$PY" "$HERE/loadgen.py" \
+  run_pinned $LOAD_CPU timeout $((DURATION + DRAIN + 60)) "$PY" -m spillbench.loadgen \
     --model $MODEL --prompt-bytes "$PROMPT_BYTES" --max-tokens "$MAX_TOKENS" \
     --label "$label" --out "$out" "$@" 2>>"$T/loadgen.err" \
     || die "load generator failed: $(tail -5 "$T/loadgen.err")"
@@ -166,11 +140,10 @@ loadgen() { # out label extra-args...
 log "measuring capacity: Dynamo mocker ($WORKERS workers, speedup $SPEEDUP), closed loop, $((4 * MAX_NUM_SEQS)) streams, ${CAP_DURATION}s"
 start_dynamo plain capacity
 # The prompt length Dynamo's tokenizer sees for loadgen's request.
-PROMPT_TOKENS=$("$PY" - "$P_FE" "$MODEL" "$PROMPT_BYTES" "$HERE" <<'PY'
+PROMPT_TOKENS=$("$PY" - "$P_FE" "$MODEL" "$PROMPT_BYTES" <<'PY'
 import json, sys, urllib.request
-port, model, pb, here = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-sys.path.insert(0, here)
-import loadgen
+from spillbench import loadgen
+port, model, pb = sys.argv[1], sys.argv[2], int(sys.argv[3])
 body = json.loads(loadgen.build_request("127.0.0.1", port, model, pb, 1).split(b"\r\n\r\n", 1)[1])
 body["stream"] = False
 req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/chat/completions",
@@ -184,14 +157,7 @@ loadgen "$T/runs/capacity.jsonl" capacity --ports "$P_FE" \
   --closed $((4 * MAX_NUM_SEQS)) --duration "$CAP_DURATION" --drain 3
 CAP_TICKS=$(($(cpu_ticks "$PID_FE") - c0))
 stop_dynamo
-read -r C_MEAS <<<"$("$PY" - "$T/runs/capacity.jsonl" "$CAP_WARMUP" <<'PY'
-import json, sys
-lines = [json.loads(l) for l in open(sys.argv[1])]
-meta, recs, w = lines[0], lines[1:], float(sys.argv[2])
-done = [r for r in recs if r["outcome"] == "ok" and w <= r.get("end", -1) < meta["duration"]]
-print(f"{len(done) / (meta['duration'] - w):.2f}")
-PY
-)"
+C_MEAS=$("$PY" -m spillbench measured --capacity "$T/runs/capacity.jsonl" --capacity-warmup "$CAP_WARMUP")
 awk -v c="$C_MEAS" 'BEGIN{exit !(c > 1)}' || die "measured capacity $C_MEAS req/s: Dynamo did not serve"
 log "measured capacity C = $C_MEAS req/s"
 
@@ -226,14 +192,12 @@ ELAPSED=$((SECONDS - START))
   if [[ -n ${NOTE:-} ]]; then echo "**Variant:** $NOTE"; echo; fi
   echo "Generated by \`bench/overload/dynamo.sh\` (LOADS=\"$LOADS\" SETUPS=\"$SETUPS\" DURATION=${DURATION}s WARMUP=${WARMUP}s DRAIN=${DRAIN}s PROMPT_BYTES=$PROMPT_BYTES MAX_TOKENS=$MAX_TOKENS SPEEDUP=$SPEEDUP); run time ${ELAPSED}s."
   echo
-  machine_header 2>/dev/null | grep -v '^- Date' \
-    | sed "s|^- Load average at start: [0-9. ]*|- Load average at start: $LOAD_START, at the end: $(cut -d' ' -f1-3 /proc/loadavg) |"
-  echo "- Date: $(date -u +%Y-%m-%dT%H:%MZ); Dynamo: ai-dynamo $("$DPY" -c 'import importlib.metadata as m; print(m.version("ai-dynamo"))'), ai-dynamo-runtime $("$DPY" -c 'import importlib.metadata as m; print(m.version("ai-dynamo-runtime"))') (PyPI), Python $("$DPY" -c 'import platform; print(platform.python_version())'), tokenizers $("$DPY" -c 'import tokenizers; print(tokenizers.__version__)')"
-  echo "- Tools: the same load generator as \`run.sh\` (bench/overload/loadgen.py: open loop, Poisson arrivals, one connection per streaming chat completion)."
+  dynamo_header "$LOAD_START"
+  echo "- Tools: the same load generator as \`run.sh\` (bench/lib/spillbench/loadgen.py: open loop, Poisson arrivals, one connection per streaming chat completion)."
   echo "- Placement: Dynamo's frontend (\`python -m dynamo.frontend\`, one process, all its threads) under \`taskset -c $FRONTEND_CPU\`; the mocker (\`python -m dynamo.mocker\`, one process, $WORKERS workers) and the load generator under \`taskset -c $LOAD_CPU\`; all at nice $BENCH_NICE."
-  echo "- Mocker: \`python -m dynamo.mocker ${MOCKER_ARGS[*]/$MODEL_DIR/MODEL_DIR} ${PLANES[*]}\` (MODEL_DIR: a word-level tokenizer built by \`dynamo_model.py\`, no weights)."
+  echo "- Mocker: \`python -m dynamo.mocker ${MOCKER_ARGS[*]/$MODEL_DIR/MODEL_DIR} ${PLANES[*]}\` (MODEL_DIR: a word-level tokenizer built by \`spillbench.dynamo_model\`, no weights)."
   echo "- Frontend: \`python -m dynamo.frontend $FE_ARGS\`$([[ $SETUPS == *dynamo-cap* ]] && echo "; setup dynamo-cap also starts the mocker with DYN_ENGINE_REQUEST_LIMIT=$DYN_CAP_N DYN_DYNAMO_REQUEST_QUEUE_LIMIT=$DYN_CAP_Q")."
-  echo "- Environment of both: HF_HUB_OFFLINE=1, DYN_FILE_KV=<fresh folder per run>, DYN_TCP_RPC_HOST, DYN_EVENT_PLANE_HOST and DYN_TCP_RESPONSE_STREAM_HOST = 127.0.0.1, DYN_LOG=warn; no etcd, no NATS."
+  dynamo_env_line
   echo "- Requests: streaming chat completions, prompt $PROMPT_BYTES bytes of messages = **$PROMPT_TOKENS prompt tokens** as Dynamo counts them (usage.prompt_tokens of the same request, chat template included), max_tokens $MAX_TOKENS."
 } >"$T/header.md"
 

@@ -1,202 +1,38 @@
 #!/usr/bin/env python3
-"""Overload benchmark: the mock's capacity from its time model, and the report.
+"""Overload benchmark: the report (bench/overload/run.sh, dynamo.sh, classes.sh).
 
-  report.py capacity --prompt-bytes B --max-tokens M ...   prints C per engine (req/s)
-  report.py report --summary S --capacity F ...            writes overload.md/.png/.json
-  report.py dynamo --summary S --capacity F ...            writes overload-dynamo.md/.json
-                                                           (bench/overload/dynamo.sh)
+  report.py report --summary S --capacity F ...     writes overload.md/.png/-summary.json
+  report.py dynamo --summary S --capacity F ...     writes overload-dynamo.md/-summary.json
+  report.py isolation --mix M --alone A --out-md F  appends the class-isolation section
+  report.py tables --summary-json J                 prints the tables of overload.md (or a
+                                                    variant) from its committed summary
+  report.py dynamo-tables --summary-json J --spillway-summary S
+                                                    the same for overload-dynamo.md
+
+The statistics per run are spillbench.analysis's (bench/lib); C from the mock's time model
+is spillbench.mockmodel's (`python3 -m spillbench capacity`).
 """
 
 import argparse
-import json
 import math
 import os
 import re
 import sys
 
-
-# --- capacity from the time model (mock/src/lib.rs) -------------------------------------
-def model_capacity(a):
-    """Requests/s one engine completes at saturation.
-
-    Saturated, the batch holds B sequences (max_num_seqs, unless the KV cache holds fewer).
-    Each request stays in the batch for M steps: the step that prefills its prompt samples
-    token 1, then M - 1 decode steps. So B / M requests finish per step on average, and the
-    same number start, each adding P prompt tokens of prefill to that step:
-        step = base + per_seq * B + (B / M) * P / prefill_tps
-        C    = (B / M) / step
-    """
-    p = a.prompt_bytes // 4
-    m = a.max_tokens
-    blocks_max = math.ceil((p + m) / a.block_size)
-    b = min(a.max_num_seqs, a.kv_blocks // blocks_max)
-    step_s = (a.step_ms + a.step_per_seq_ms * b) / 1000 + (b / m) * p / a.prefill_tps
-    return (b / m) / step_s, b, step_s
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from spillbench import metrics, plot as plots, results  # noqa: E402
+from spillbench.analysis import analyse, capacity_measured, class_stats, health_notes  # noqa: E402
+from spillbench.markdown import ms  # noqa: E402
+from spillbench.mockmodel import add_args as add_engine_args, model_capacity  # noqa: E402
+from spillbench.results import load_run  # noqa: E402
 
 
-# --- statistics ---------------------------------------------------------------------------
-def pct(values, q):
-    """Nearest-rank percentile (q in 0..100); None when empty."""
-    if not values:
-        return None
-    v = sorted(values)
-    k = max(0, math.ceil(q / 100 * len(v)) - 1)
-    return v[k]
-
-
-def ms(x, bound=False):
-    if x is None:
-        return "–"
-    s = f"{x * 1000:.0f}" if x >= 0.1 else f"{x * 1000:.1f}"
-    return ("≥ " + s) if bound else s
-
-
-def load_run(path):
-    with open(path) as f:
-        lines = [json.loads(l) for l in f]
-    return lines[0], lines[1:]
-
-
-def analyse(meta, recs, warmup, duration, max_tokens):
-    """Figures over requests that arrived in [warmup, duration)."""
-    hard_end = meta["wall_s"]
-    win = [r for r in recs if warmup <= r["sched"] < duration]
-    span = duration - warmup
-    ok_done = [r for r in recs if r["outcome"] == "ok" and warmup <= r.get("end", -1) < duration]
-    admitted = [r for r in win if r.get("status") == 200]
-    ttft = [r["ttft"] for r in admitted if "ttft" in r]
-    # Admitted but no first token by the run's hard end: the wait so far is a lower bound.
-    censored = [hard_end - r["sched"] for r in admitted if "ttft" not in r and r["outcome"] == "cut"]
-    # No status line by the hard end (queued in a proxy): fate unknown, wait is a lower bound.
-    pending = [hard_end - r["sched"] for r in win if "status" not in r and r["outcome"] == "cut"]
-    rejected = [r for r in win if r["outcome"] == "rejected"]
-    errors = [r for r in recs if r["outcome"] == "error"]
-    lags = [r["lag"] for r in recs if "lag" in r]
-    slo_ok = [r for r in ok_done if r.get("ttft", 1e9) <= 1.0]
-    all_ttft = ttft + censored
-
-    def third(lo, hi):
-        vals = [r["ttft"] if "ttft" in r else hard_end - r["sched"]
-                for r in admitted
-                if lo <= r["sched"] < hi and ("ttft" in r or r["outcome"] == "cut")]
-        return pct(vals, 50), any("ttft" not in r for r in admitted if lo <= r["sched"] < hi)
-
-    t1 = warmup + span / 3
-    t2 = warmup + 2 * span / 3
-    first_p50, first_b = third(warmup, t1)
-    last_p50, last_b = third(t2, duration)
-    err_kinds = {}
-    for r in errors:
-        key = f"status {r['status']}" if "status" in r and r["status"] != 200 else r.get("why", "?")
-        err_kinds[key] = err_kinds.get(key, 0) + 1
-    statuses = {}
-    for r in rejected:
-        statuses[r["status"]] = statuses.get(r["status"], 0) + 1
-    return {
-        "arrivals": len(win),
-        "offered_rps": len(win) / span,
-        "completed_rps": len(ok_done) / span,
-        # Goodput: the window's arrivals that completed. Unlike completions in the window it
-        # does not depend on how many requests were in flight when the window opened.
-        "goodput_rps": sum(1 for r in win if r["outcome"] == "ok") / span,
-        "inflight_at_warmup": sum(1 for r in recs if r.get("status") == 200
-                                  and r["sched"] <= warmup < r.get("end", float("inf"))),
-        "completed_tps": sum(r["tokens"] for r in ok_done) / span,
-        "slo_rps": len(slo_ok) / span,
-        "admitted": len(admitted),
-        "ttft_n": len(ttft),
-        "ttft_censored": len(censored),
-        "ttft_p50": pct(all_ttft, 50),
-        "ttft_p99": pct(all_ttft, 99),
-        "ttft_bound": bool(censored),
-        "ttft_first_third_p50": first_p50,
-        "ttft_last_third_p50": last_p50,
-        "drift_bound": first_b or last_b,
-        "rejected": len(rejected),
-        "rejected_share": len(rejected) / max(1, len(win)),
-        "reject_statuses": statuses,
-        "reject_p50": pct([r["t_status"] for r in rejected], 50),
-        "reject_p99": pct([r["t_status"] for r in rejected], 99),
-        "pending_no_status": len(pending),
-        "errors": len(errors),
-        "error_kinds": err_kinds,
-        "loadgen_cpu": meta["cpu_share"],
-        "lag_p99": pct(lags, 99),
-        "wall_s": hard_end,
-    }
-
-
-CLASS_FIELDS = ("arrivals", "offered_rps", "completed_rps", "ttft_p50", "ttft_p99", "ttft_bound",
-                "rejected", "rejected_share", "reject_p99", "errors")
-
-
-def class_stats(meta, recs, warmup, duration, max_tokens):
-    """Per request class (the loadgen's --class-mix), the figures of analyse(); None when
-    the requests carry no class. Classes in the mix's order, then any others."""
-    seen = {r["class"] for r in recs if "class" in r}
-    if not seen:
-        return None
-    order = [c for c in (meta.get("class_mix") or {}) if c in seen] + sorted(
-        seen - set(meta.get("class_mix") or {}))
-    out = {}
-    for c in order:
-        s = analyse(meta, [r for r in recs if r.get("class") == c], warmup, duration, max_tokens)
-        out[c] = {k: s[k] for k in CLASS_FIELDS}
-    return out
-
-
-def capacity_measured(path, warmup):
-    meta, recs = load_run(path)
-    end = meta["duration"]
-    done = [r for r in recs if r["outcome"] == "ok" and warmup <= r.get("end", -1) < end]
-    span = end - warmup
-    return len(done) / span, sum(r["tokens"] for r in done) / span, meta
-
-
-def spillway_counts(metrics_path):
-    """dynamo_frontend_requests_total by status (and error_type) from a /metrics dump."""
-    out = {}
-    if not metrics_path:
-        return out
-    try:
-        text = open(metrics_path).read()
-    except OSError:
-        return out
-    for line in text.splitlines():
-        if not line.startswith("dynamo_frontend_requests_total{"):
-            continue
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', line))
-        value = float(line.rsplit(" ", 1)[1])
-        key = labels.get("status", "?")
-        if labels.get("error_type"):
-            key += f" ({labels['error_type']})"
-        out[key] = out.get(key, 0) + value
-    return out
-
-
-def engine_backlog(paths):
-    """(running, waiting) summed over the engines' /metrics dumps; None when missing."""
-    running = waiting = 0
-    seen = False
-    for path in paths or []:
-        try:
-            text = open(path).read()
-        except OSError:
-            continue
-        for line in text.splitlines():
-            if line.startswith("vllm:num_requests_running{"):
-                running += float(line.rsplit(" ", 1)[1]); seen = True
-            elif line.startswith("vllm:num_requests_waiting{"):
-                waiting += float(line.rsplit(" ", 1)[1]); seen = True
-    return (int(running), int(waiting)) if seen else None
-
-
-def log_problems(path):
-    try:
-        lines = open(path, errors="replace").read().splitlines()
-    except OSError:
-        return []
-    return [l for l in lines if re.search(r"\b(WARN|ERROR)\b|panic|ALERT", l)]
+def result_head(goodput=True):
+    """The columns every results table starts with, up to and including `errors`
+    (summaries written before goodput existed have no goodput column)."""
+    return ("| setup | load | offered req/s | " + ("goodput req/s | " if goodput else "")
+            + "completed req/s | completed tok/s | TTFT ≤ 1 s req/s | "
+            "TTFT p50 ms | TTFT p99 ms | rejected | reject p99 ms | errors |")
 
 
 def result_cells(name, load, r):
@@ -206,14 +42,14 @@ def result_cells(name, load, r):
         rej += " (" + ", ".join(f"{v}×{c}" for c, v in sorted(r["reject_statuses"].items())) + ")"
     if r["pending_no_status"]:
         rej += f"; {r['pending_no_status']} still queued at end"
+    goodput = f"{r['goodput_rps']:.1f} | " if "goodput_rps" in r else ""
     return (
-        f"| {name} | {load:g}×C | {r['offered_rps']:.1f} | {r['goodput_rps']:.1f} | "
+        f"| {name} | {load:g}×C | {r['offered_rps']:.1f} | {goodput}"
         f"{r['completed_rps']:.1f} | "
         f"{r['completed_tps']:.0f} | {r['slo_rps']:.1f} | "
         f"{ms(r['ttft_p50'], r['ttft_bound'])} | {ms(r['ttft_p99'], r['ttft_bound'])} | "
         f"{rej} | {ms(r['reject_p99'])} | {r['errors']} |"
     )
-
 
 SETUP_NAMES = {
     "shed": "Spillway, shedding on",
@@ -226,10 +62,10 @@ SETUP_NAMES = {
 def near_capacity_section(by, loads, setups):
     """Issue 10's near-capacity target: goodput at 1×C at least HAProxy's, with the admitted
     TTFT p99 at the top load at most 1.5× its value at the lowest load."""
-    if 1.0 not in loads or "haproxy" not in setups:
+    hp = by.get(("haproxy", 1.0))
+    if not hp or "goodput_rps" not in hp:  # summaries from before goodput: no such section
         return []
     lo, hi = min(loads), max(loads)
-    hp = by.get(("haproxy", 1.0))
     md = ["## Near capacity (issue 10)", "",
           f"Target: goodput at 1×C at least HAProxy's ({hp['goodput_rps']:.1f} req/s), with "
           f"admitted TTFT p99 at {hi:g}×C at most 1.5× its {lo:g}×C value. Goodput counts the "
@@ -256,37 +92,67 @@ def near_capacity_section(by, loads, setups):
     return md
 
 
-def report(a):
-    c_per_engine = a.c_model_per_engine
-    c_model = 2 * c_per_engine
-    cap_rps, cap_tps, cap_meta = capacity_measured(a.capacity, a.capacity_warmup)
-    runs = [json.loads(l) for l in open(a.summary)]
+def spillway_rows(a):
+    """The figures of every run in the summary (run.sh's summary.jsonl: one line per run)."""
     rows = []
-    for run in runs:
+    for run in results.read_jsonl(a.summary):
         meta, recs = load_run(run["file"])
         s = analyse(meta, recs, a.warmup, a.duration, a.max_tokens)
         s.update(setup=run["setup"], load=run["load"], rate=run["rate"])
         s["proxy_cpu"] = run["proxy_ticks"] / a.clk_tck / max(meta["wall_s"], 1e-9)
         s["proxy_alive"] = run["proxy_alive"]
-        s["spillway_statuses"] = spillway_counts(run.get("metrics"))
-        s["log_problems"] = log_problems(run.get("log", ""))[:5]
-        s["backlog"] = engine_backlog(run.get("engine_metrics"))
+        s["spillway_statuses"] = metrics.requests_by_outcome(run.get("metrics"))
+        s["log_problems"] = metrics.log_problems(run.get("log", ""))[:5]
+        s["backlog"] = metrics.engine_backlog(run.get("engine_metrics"))
         classes = class_stats(meta, recs, a.warmup, a.duration, a.max_tokens)
         if classes:
             s["classes"] = classes
             s["class_mix"] = meta.get("class_mix")
         rows.append(s)
+    return rows
 
+
+def layout(rows, order):
+    """Rows by (setup, load), the loads in order, the setups of `order` that ran."""
     by = {(r["setup"], r["load"]): r for r in rows}
     loads = sorted({r["load"] for r in rows})
-    setups = [s for s in ("shed", "adaptive", "noshed", "haproxy")
-              if any(r["setup"] == s for r in rows)]
+    setups = [s for s in order if any(r["setup"] == s for r in rows)]
+    return by, loads, setups
 
-    md = [open(a.header).read().rstrip(), ""]
+
+def results_table(by, setups, loads, names, more_head, more_cells):
+    """A results table: every setup at every load (rows of analyse() and the run's own), the
+    common columns, then `more_head` (" name | ... |") and `more_cells(row)` (" x | ... |")."""
+    goodput = all("goodput_rps" in r for r in by.values())
+    md = [result_head(goodput) + more_head, "|" + "---|" * (11 + goodput + more_head.count("|"))]
+    for s in setups:
+        for k in loads:
+            r = by.get((s, k))
+            if r:
+                md.append(result_cells(names[s], k, r) + more_cells(r))
+    return md
+
+
+def spillway_table(by, setups, loads):
+    return results_table(
+        by, setups, loads, SETUP_NAMES,
+        " engines running + waiting at end of arrivals | proxy CPU | loadgen CPU |",
+        lambda r: f" {'%d + %d' % tuple(r['backlog']) if r['backlog'] else '–'} | "
+                  f"{100 * r['proxy_cpu']:.0f} % | {100 * r['loadgen_cpu']:.0f} % |")
+
+
+def report(a):
+    c_per_engine = a.c_model_per_engine
+    c_model = 2 * c_per_engine
+    cap_rps, cap_tps, cap_meta = capacity_measured(a.capacity, a.capacity_warmup)
+    rows = spillway_rows(a)
+    by, loads, setups = layout(rows, SETUP_NAMES)
+
+    md = results.header(a.header)
     md += [
         "## Capacity C",
         "",
-        f"- Time model (see `report.py model_capacity`): batch B = {a.b} sequences, step ≈ "
+        f"- Time model (see `bench/lib/spillbench/mockmodel.py`): batch B = {a.b} sequences, step ≈ "
         f"{a.step_s * 1000:.1f} ms (base + per-sequence cost + the prefill of the B/M requests that "
         f"start each step), so C = (B/M)/step = **{c_per_engine:.1f} req/s per engine, "
         f"{c_model:.1f} req/s for two** ({c_model * a.max_tokens:.0f} tokens/s).",
@@ -307,22 +173,8 @@ def report(a):
         f"first token by the run's hard end ({a.duration:.0f} s + {a.drain:.0f} s drain) and count "
         f"with their wait so far.",
         "",
-        "| setup | load | offered req/s | goodput req/s | completed req/s | completed tok/s | "
-        "TTFT ≤ 1 s req/s | "
-        "TTFT p50 ms | TTFT p99 ms | rejected | reject p99 ms | errors | engines running + waiting "
-        "at end of arrivals | proxy CPU | loadgen CPU |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for s in setups:
-        for k in loads:
-            r = by.get((s, k))
-            if not r:
-                continue
-            md.append(
-                result_cells(SETUP_NAMES[s], k, r)
-                + f" {'%d + %d' % r['backlog'] if r['backlog'] else '–'} | "
-                f"{100 * r['proxy_cpu']:.0f} % | {100 * r['loadgen_cpu']:.0f} % |"
-            )
+    md += spillway_table(by, setups, loads)
     md.append("")
     if a.classes:
         md += classes_section(rows, setups, loads)
@@ -398,17 +250,7 @@ def report(a):
     md += ["## Proxy health during the runs", ""]
     problems = False
     for r in rows:
-        notes = []
-        if r["proxy_alive"] != "yes":
-            notes.append("proxy process gone after the run")
-        if r["errors"]:
-            notes.append(f"{r['errors']} client-side errors: {r['error_kinds']}")
-        odd = {k: v for k, v in r["spillway_statuses"].items()
-               if k not in ("success", "error (overload)", "error (cancelled)")}
-        if odd:
-            notes.append(f"Spillway counted unexpected outcomes: {odd}")
-        if r["log_problems"]:
-            notes.append("log: " + " / ".join(l[-160:] for l in r["log_problems"][:3]))
+        notes = health_notes(r, odd="Spillway counted unexpected outcomes")
         if notes:
             problems = True
             md.append(f"- {SETUP_NAMES[r['setup']]} at {r['load']:g}×C: " + "; ".join(notes))
@@ -447,10 +289,8 @@ def report(a):
         "`timeout queue` = 50 ms are one reasonable choice, not the only one.",
         "",
     ]
-    with open(a.out_md, "w") as f:
-        f.write("\n".join(md) + "\n")
-    with open(a.out_json, "w") as f:
-        json.dump({"c_model": c_model, "c_measured": cap_rps, "rows": rows}, f, indent=1, default=str)
+    results.write_md(a.out_md, md)
+    results.write_json(a.out_json, {"c_model": c_model, "c_measured": cap_rps, "rows": rows})
     if a.classes:
         plot_classes(a, rows, setups, loads)
     else:
@@ -491,11 +331,7 @@ def classes_section(rows, setups, loads):
 
 def plot_classes(a, rows, setups, loads):
     """Per class: refused share and admitted TTFT p99 against offered load."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plots.pyplot()
     by = {(r["setup"], r["load"]): r for r in rows}
     classes = []
     for r in rows:
@@ -533,8 +369,7 @@ def plot_classes(a, rows, setups, loads):
     ax2.set_title("TTFT p99 per class vs offered load")
     ax2.grid(True, which="both", alpha=0.3)
     ax2.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(a.out_png, dpi=110)
+    plots.save(fig, a.out_png)
 
 
 def why_section(a, c_per_engine, adaptive):
@@ -603,11 +438,7 @@ def why_section(a, c_per_engine, adaptive):
 
 
 def plot(a, rows, setups, loads, c_model, cap_tps):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plots.pyplot()
     by = {(r["setup"], r["load"]): r for r in rows}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
     style = {"shed": ("tab:green", "o"), "adaptive": ("tab:purple", "D"),
@@ -640,8 +471,7 @@ def plot(a, rows, setups, loads, c_model, cap_tps):
     ax2.set_title("Goodput vs offered load")
     ax2.grid(True, alpha=0.3)
     ax2.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(a.out_png, dpi=110)
+    plots.save(fig, a.out_png)
 
 
 # --- Dynamo as a peer (bench/overload/dynamo.sh) -----------------------------------------
@@ -649,31 +479,18 @@ DYN_NAMES = {
     "dynamo": "Dynamo frontend, busy thresholds",
     "dynamo-cap": "Dynamo frontend, thresholds + worker cap",
 }
-PEER_NAMES = dict(SETUP_NAMES, **DYN_NAMES)
-
-
-def log_lines(path):
-    try:
-        return re.sub(r"\x1b\[[0-9;]*m", "", open(path, errors="replace").read()).splitlines()
-    except (OSError, TypeError):
-        return []
 
 
 def frontend_counts(metrics_path):
     """Dynamo frontend counters from a /metrics dump: requests by status, rejections."""
-    out = spillway_counts(metrics_path)
-    try:
-        text = open(metrics_path).read()
-    except (OSError, TypeError):
-        return out
-    for line in text.splitlines():
+    out = metrics.requests_by_outcome(metrics_path)
+    for line in metrics.read(metrics_path).splitlines():
         if line.startswith("dynamo_frontend_model_rejection_total{"):
-            out["model_rejection_total"] = out.get("model_rejection_total", 0) + float(
-                line.rsplit(" ", 1)[1])
+            out["model_rejection_total"] = out.get("model_rejection_total", 0) + metrics.value(line)
     return out
 
 
-def ratio_row(name, rows, c_meas, c_loads, note=""):
+def ratio_row(name, rows, c_meas, note=""):
     """One line of the side-by-side table from one setup's rows (dicts of analyse())."""
     by = {r["load"]: r for r in rows}
     lo, hi = by.get(0.5), by.get(3) or by.get(3.0)
@@ -697,11 +514,10 @@ def ratio_row(name, rows, c_meas, c_loads, note=""):
     return "| " + " | ".join(cells) + " |"
 
 
-def dynamo_report(a):
-    cap_rps, cap_tps, cap_meta = capacity_measured(a.capacity, a.capacity_warmup)
-    runs = [json.loads(l) for l in open(a.summary)]
+def dynamo_rows(a):
+    """The figures of every Dynamo run in the summary (dynamo.sh's summary.jsonl)."""
     rows = []
-    for run in runs:
+    for run in results.read_jsonl(a.summary):
         meta, recs = load_run(run["file"])
         s = analyse(meta, recs, a.warmup, a.duration, a.max_tokens)
         s.update(setup=run["setup"], load=run["load"], rate=run["rate"])
@@ -711,19 +527,52 @@ def dynamo_report(a):
         s["frontend_counts"] = frontend_counts(run.get("metrics"))
         # Dynamo logs every refusal at ERROR (three lines, in the request's span) and WARN;
         # anything else at ERROR, or a panic, is a problem.
-        flog = log_lines(run.get("log", ""))
+        flog = metrics.log_lines(run.get("log", ""))
         s["log_problems"] = [l for l in flog if re.search(r"\bERROR\b|panic", l)
                              and not ("http-request:" in l and ("529" in l or "overload" in l))][:5]
         s["frontend_log_lines"] = len(flog)
         s["worker_cap_rejections"] = sum("Worker at capacity" in l
-                                         for l in log_lines(run.get("mocker_log", "")))
+                                         for l in metrics.log_lines(run.get("mocker_log", "")))
         rows.append(s)
-    by = {(r["setup"], r["load"]): r for r in rows}
-    loads = sorted({r["load"] for r in rows})
-    setups = [s for s in DYN_NAMES if any(r["setup"] == s for r in rows)]
+    return rows
+
+
+def dynamo_results_table(by, setups, loads):
+    return results_table(
+        by, setups, loads, DYN_NAMES,
+        " frontend CPU | frontend CPU ms / request | mocker CPU | loadgen CPU |",
+        lambda r: f" {100 * r['proxy_cpu']:.0f} % | "
+                  f"{1000 * r['proxy_cpu'] / max(r['offered_rps'], 1e-9):.2f} | "
+                  f"{100 * r['mocker_cpu']:.0f} % | {100 * r['loadgen_cpu']:.0f} % |")
+
+
+def side_by_side_table(peer, rows, setups, cap_rps):
+    """Spillway's and HAProxy's setups (peer: overload-summary.json) and Dynamo's, each on
+    the ratios to its own C; and the peer's rows by setup (for the reading)."""
+    md = ["| setup | C req/s | TTFT p99 0.5×C | TTFT p99 3×C | ratio 3×C / 0.5×C | goodput 1×C ÷ C "
+          "| refused 1×C | refused 3×C | reject p99 ms 3×C | proxy CPU 3×C | CPU ms / request 3×C |",
+          "|---|---|---|---|---|---|---|---|---|---|---|"]
+    side = {}
+    if peer:
+        pc = peer["c_measured"]
+        side["_c_measured"] = pc
+        for s in ("shed", "adaptive", "haproxy", "noshed"):
+            prow = [r for r in peer["rows"] if r["setup"] == s]
+            if prow:
+                md.append(ratio_row(SETUP_NAMES[s], prow, pc))
+                side[s] = prow
+    for s in setups:
+        md.append(ratio_row(DYN_NAMES[s], [r for r in rows if r["setup"] == s], cap_rps))
+    return md, side
+
+
+def dynamo_report(a):
+    cap_rps, cap_tps, cap_meta = capacity_measured(a.capacity, a.capacity_warmup)
+    rows = dynamo_rows(a)
+    by, loads, setups = layout(rows, DYN_NAMES)
     cap_cpu = a.capacity_ticks / a.clk_tck / max(cap_meta["wall_s"], 1e-9)
 
-    md = [open(a.header).read().rstrip(), ""]
+    md = results.header(a.header)
     md += [
         "## Capacity C (measured)",
         "",
@@ -744,28 +593,15 @@ def dynamo_report(a):
         "in that window). Latencies from each request's "
         "scheduled arrival; `≥` marks a lower bound (no first token by the run's hard end).",
         "",
-        "| setup | load | offered req/s | goodput req/s | completed req/s | completed tok/s | "
-        "TTFT ≤ 1 s req/s | "
-        "TTFT p50 ms | TTFT p99 ms | rejected | reject p99 ms | errors | frontend CPU | "
-        "frontend CPU ms / request | mocker CPU | loadgen CPU |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for s in setups:
-        for k in loads:
-            r = by.get((s, k))
-            if not r:
-                continue
-            md.append(
-                result_cells(DYN_NAMES[s], k, r) + f" {100 * r['proxy_cpu']:.0f} % | "
-                f"{1000 * r['proxy_cpu'] / max(r['offered_rps'], 1e-9):.2f} | "
-                f"{100 * r['mocker_cpu']:.0f} % | {100 * r['loadgen_cpu']:.0f} % |")
+    md += dynamo_results_table(by, setups, loads)
     md.append("")
 
     # Side by side, from the Spillway/HAProxy summary of run.sh.
     md += ["## Side by side: Dynamo, HAProxy and Spillway on the same ratios", ""]
     peer = None
     try:
-        peer = json.load(open(a.spillway_summary))
+        peer = results.read_json(a.spillway_summary)
     except (OSError, ValueError) as e:
         md += [f"(No Spillway/HAProxy summary at `{a.spillway_summary}`: {e}.)", ""]
     md += [
@@ -776,21 +612,9 @@ def dynamo_report(a):
         "status line at 3×C; proxy/frontend CPU at 3×C, as a share of its one CPU and as CPU "
         "ms per arriving request (refusals included).",
         "",
-        "| setup | C req/s | TTFT p99 0.5×C | TTFT p99 3×C | ratio 3×C / 0.5×C | goodput 1×C ÷ C "
-        "| refused 1×C | refused 3×C | reject p99 ms 3×C | proxy CPU 3×C | CPU ms / request 3×C |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    side = {}
-    if peer:
-        pc = peer["c_measured"]
-        side["_c_measured"] = pc
-        for s in ("shed", "adaptive", "haproxy", "noshed"):
-            prow = [r for r in peer["rows"] if r["setup"] == s]
-            if prow:
-                md.append(ratio_row(SETUP_NAMES[s], prow, pc, peer["c_model"]))
-                side[s] = prow
-    for s in setups:
-        md.append(ratio_row(DYN_NAMES[s], [r for r in rows if r["setup"] == s], cap_rps, cap_rps))
+    table, side = side_by_side_table(peer, rows, setups, cap_rps)
+    md += table
     md.append("")
     if peer:
         md += [
@@ -807,13 +631,8 @@ def dynamo_report(a):
     md += ["## Frontend health during the runs", ""]
     problems = False
     for r in rows:
-        notes = []
-        if r["proxy_alive"] != "yes":
-            notes.append("frontend process gone after the run")
-        if r["errors"]:
-            notes.append(f"{r['errors']} client-side errors: {r['error_kinds']}")
-        if r["log_problems"]:
-            notes.append("log: " + " / ".join(l[-200:] for l in r["log_problems"][:3]))
+        notes = health_notes(r, gone="frontend process gone after the run", odd=None,
+                             log_chars=200)
         if notes:
             problems = True
             md.append(f"- {DYN_NAMES[r['setup']]} at {r['load']:g}×C: " + "; ".join(notes))
@@ -853,14 +672,13 @@ def dynamo_report(a):
         "work is in the frontend CPU column.",
         "",
     ]
-    with open(a.out_md, "w") as f:
-        f.write("\n".join(md) + "\n")
-    with open(a.out_json, "w") as f:
-        json.dump({"c_measured": cap_rps, "c_tps": cap_tps, "capacity_frontend_cpu": cap_cpu,
-                   "prompt_tokens": a.prompt_tokens, "speedup": a.speedup,
-                   "thresholds": {"active_decode_blocks_threshold": float(a.dyn_decode) if a.dyn_decode else None,
-                                  "active_prefill_tokens_threshold": float(a.dyn_prefill) if a.dyn_prefill else None},
-                   "rows": rows}, f, indent=1, default=str)
+    results.write_md(a.out_md, md)
+    results.write_json(a.out_json, {
+        "c_measured": cap_rps, "c_tps": cap_tps, "capacity_frontend_cpu": cap_cpu,
+        "prompt_tokens": a.prompt_tokens, "speedup": a.speedup,
+        "thresholds": {"active_decode_blocks_threshold": float(a.dyn_decode) if a.dyn_decode else None,
+                       "active_prefill_tokens_threshold": float(a.dyn_prefill) if a.dyn_prefill else None},
+        "rows": rows})
     print("\n".join(md))
     return 0
 
@@ -958,8 +776,8 @@ def dynamo_why(a):
 def isolation_report(a):
     """Appends to a class run's report how critical requests fared with the other classes
     present (the mix's loads) and absent (critical alone at its rate in the top load)."""
-    mix = json.load(open(a.mix))["rows"]
-    alone = json.load(open(a.alone))["rows"][0]
+    mix = results.read_json(a.mix)["rows"]
+    alone = results.read_json(a.alone)["rows"][0]
     crit = [(r["load"], r["classes"]["critical"]) for r in mix
             if "critical" in (r.get("classes") or {})]
     lo, hi = min(crit, key=lambda x: x[0]), max(crit, key=lambda x: x[0])
@@ -988,53 +806,71 @@ def isolation_report(a):
            f"{solo['offered_rps']:.1f} req/s is more than the whole {lo[0]:g}×C mix, so no admission "
            f"policy can bring critical's p99 at {hi[0]:g}×C down to its {lo[0]:g}×C value; what the "
            "classes do is keep the other 80 % of the traffic from adding to it.", ""]
-    with open(a.out_md, "a") as f:
+    with open(a.out_md, "a") as f:  # md ends with "": the file ends with one newline
         f.write("\n".join(md))
     return 0
 
 
+def tables(a):
+    """The tables report() writes, from a summary it wrote (results/*-summary.json)."""
+    rows = results.read_json(a.summary_json)["rows"]
+    by, loads, setups = layout(rows, SETUP_NAMES)
+    md = spillway_table(by, setups, loads) + [""]
+    if any(r.get("classes") for r in rows):
+        md += classes_section(rows, setups, loads)
+    md += near_capacity_section(by, loads, setups)
+    print("\n".join(md))
+    return 0
+
+
+def dynamo_tables(a):
+    """The tables dynamo_report() writes, from its summary and the Spillway/HAProxy summary
+    it was made with."""
+    rows = results.read_json(a.summary_json)["rows"]
+    cap_rps = results.read_json(a.summary_json)["c_measured"]
+    by, loads, setups = layout(rows, DYN_NAMES)
+    peer = results.read_json(a.spillway_summary)
+    md = dynamo_results_table(by, setups, loads) + [""]
+    md += side_by_side_table(peer, rows, setups, cap_rps)[0]
+    print("\n".join(md))
+    return 0
+
+
 def main():
-    if len(sys.argv) > 1 and sys.argv[1] == "isolation":
-        q = argparse.ArgumentParser(prog="report.py isolation")
-        for name in ("mix", "alone", "out-md"):
-            q.add_argument("--" + name, required=True)
-        return isolation_report(q.parse_args(sys.argv[2:]))
-    if len(sys.argv) > 1 and sys.argv[1] == "dynamo":
-        q = argparse.ArgumentParser(prog="report.py dynamo")
-        for name, kind in (("summary", str), ("capacity", str), ("header", str),
-                           ("spillway-summary", str), ("out-md", str), ("out-json", str)):
-            q.add_argument("--" + name, type=kind, required=True)
-        q.add_argument("--capacity-warmup", type=float, default=8)
-        q.add_argument("--capacity-ticks", type=float, default=0)
-        q.add_argument("--warmup", type=float, required=True)
-        q.add_argument("--duration", type=float, required=True)
-        q.add_argument("--drain", type=float, required=True)
-        q.add_argument("--max-tokens", type=int, default=64)
-        q.add_argument("--prompt-tokens", type=int, default=256)
-        q.add_argument("--kv-blocks", type=int, default=2048)
-        q.add_argument("--block-size", type=int, default=16)
-        q.add_argument("--max-num-seqs", type=int, default=64)
-        q.add_argument("--max-num-batched-tokens", type=int, default=2048)
-        q.add_argument("--speedup", type=float, default=1)
-        q.add_argument("--dyn-decode", default="")
-        q.add_argument("--dyn-prefill", default="")
-        q.add_argument("--dyn-cap", default="")
-        q.add_argument("--clk-tck", type=float, default=100)
-        return dynamo_report(q.parse_args(sys.argv[2:]))
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(prog="report.py")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("capacity", "report"):
-        q = sub.add_parser(name)
-        q.add_argument("--prompt-bytes", type=int, default=1024)
-        q.add_argument("--max-tokens", type=int, default=64)
-        q.add_argument("--max-num-seqs", type=int, default=64)
-        q.add_argument("--kv-blocks", type=int, default=2048)
-        q.add_argument("--block-size", type=int, default=16)
-        q.add_argument("--max-num-batched-tokens", type=int, default=2048)
-        q.add_argument("--prefill-tps", type=float, default=20000)
-        q.add_argument("--step-ms", type=float, default=8)
-        q.add_argument("--step-per-seq-ms", type=float, default=0.25)
-    r = sub.choices["report"]
+    q = sub.add_parser("isolation")
+    for name in ("mix", "alone", "out-md"):
+        q.add_argument("--" + name, required=True)
+    q = sub.add_parser("tables")
+    q.add_argument("--summary-json", required=True)
+    q = sub.add_parser("dynamo-tables")
+    q.add_argument("--summary-json", required=True)
+    q.add_argument("--spillway-summary", required=True)
+
+    q = sub.add_parser("dynamo")
+    for name in ("summary", "capacity", "header", "spillway-summary", "out-md", "out-json"):
+        q.add_argument("--" + name, required=True)
+    q.add_argument("--capacity-warmup", type=float, default=8)
+    q.add_argument("--capacity-ticks", type=float, default=0)
+    q.add_argument("--warmup", type=float, required=True)
+    q.add_argument("--duration", type=float, required=True)
+    q.add_argument("--drain", type=float, required=True)
+    q.add_argument("--max-tokens", type=int, default=64)
+    q.add_argument("--prompt-tokens", type=int, default=256)
+    q.add_argument("--kv-blocks", type=int, default=2048)
+    q.add_argument("--block-size", type=int, default=16)
+    q.add_argument("--max-num-seqs", type=int, default=64)
+    q.add_argument("--max-num-batched-tokens", type=int, default=2048)
+    q.add_argument("--speedup", type=float, default=1)
+    q.add_argument("--dyn-decode", default="")
+    q.add_argument("--dyn-prefill", default="")
+    q.add_argument("--dyn-cap", default="")
+    q.add_argument("--clk-tck", type=float, default=100)
+
+    r = sub.add_parser("report")
+    r.add_argument("--prompt-bytes", type=int, default=1024)
+    add_engine_args(r)
     r.add_argument("--summary", required=True)
     r.add_argument("--capacity", required=True)
     r.add_argument("--capacity-warmup", type=float, default=8)
@@ -1055,11 +891,15 @@ def main():
     r.add_argument("--out-png", required=True)
     r.add_argument("--out-json", required=True)
     a = p.parse_args()
-    c, b, step_s = model_capacity(a)
-    if a.cmd == "capacity":
-        print(f"{c:.3f}")
-        return 0
-    a.b, a.step_s = b, step_s
+    if a.cmd == "isolation":
+        return isolation_report(a)
+    if a.cmd == "tables":
+        return tables(a)
+    if a.cmd == "dynamo-tables":
+        return dynamo_tables(a)
+    if a.cmd == "dynamo":
+        return dynamo_report(a)
+    _, a.b, a.step_s = model_capacity(a)
     return report(a)
 
 

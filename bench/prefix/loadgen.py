@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Multi-turn chat load generator: conversations that resend their growing history.
 
-Built on bench/overload/loadgen.py (its request runner, SSE de-chunker and record format);
-this file adds the conversations and the way arrivals are given to them.
+Built on spillbench.loadgen (bench/lib: its request runner, SSE de-chunker and record
+format); this file adds the conversations and the way arrivals are given to them.
 
 Workload (deterministic from --seed; every setup gets byte-identical requests):
   - One system prompt shared by all conversations (--system-tokens).
@@ -26,7 +26,7 @@ Workload (deterministic from --seed; every setup gets byte-identical requests):
     id) that starts at turn 0.
   - Token units (--unit): `bytes4` for `spillway mock-engine`, which counts bytes of the
     `messages` JSON / 4 (a content of N tokens is 4N bytes of words), `word` for Dynamo's
-    mocker with the word-level tokenizer of bench/overload/dynamo_model.py (N words).
+    mocker with the word-level tokenizer of spillbench.dynamo_model (N words).
 
 Open loop (--rate): arrival times are Poisson (or constant) at the rate, from the seed.
 Each arrival goes to the conversation that has been ready (its previous turn completed)
@@ -50,7 +50,7 @@ the metadata, so counters are read at the exact edges of the measurement window.
 
 Per request (one JSON line each, after the metadata line): i, conv, turn, ptok (prompt
 tokens as the mock counts them), sched, lag, ready_wait (queued: true when it waited), cold, status, t_status, ttft, end,
-tokens, outcome (ok / rejected / error / cut), as bench/overload/loadgen.py records them.
+tokens, outcome (ok / rejected / error / cut), as spillbench.loadgen records them.
 (ptok: bytes of `messages` / 4 with --unit bytes4; words + chat template with --unit word.)
 
 --describe prints the workload's prompt sizes (mean, by turn) as JSON and exits; --print-body
@@ -58,27 +58,19 @@ TURN prints one request body (non-streaming), for a probe of the engine's own to
 """
 
 import argparse
-import importlib.util
 import asyncio
 import collections
 import json
 import os
 import random
 import sys
-import time
 
-def _overload(name):
-    """bench/overload/NAME.py as a module (loaded by path: this file has the same name)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "overload", name + ".py")
-    spec = importlib.util.spec_from_file_location("overload_" + name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from spillbench.http import chat_post, get_text  # noqa: E402
+from spillbench.loadgen import (  # noqa: E402
+    add_run_args, arrivals, fetch, finish, run_meta, sleep_until, timed, write_run)
 
-
-base = _overload("loadgen")
-
-VOCAB = [f"w{i}" for i in range(4000)]  # inside dynamo_model.py's vocabulary (w0 … w4081)
+VOCAB = [f"w{i}" for i in range(4000)]  # inside spillbench.dynamo_model's vocabulary (w0 … w4081)
 
 
 class Workload:
@@ -117,8 +109,8 @@ class Workload:
 
     def body(self, conv, turn):
         """The request body of turn `turn` (0-based) and its prompt tokens: bytes of `messages`
-        / 4 (unit bytes4, the Spillway mock's count) or words with dynamo_model.py's chat
-        template (unit word)."""
+        / 4 (unit bytes4, the Spillway mock's count) or words with spillbench.dynamo_model's
+        chat template (unit word)."""
         messages = [{"role": "system", "content": self.system}]
         for t in range(turn):
             user, assistant = self.turn_messages(conv, t)
@@ -128,7 +120,7 @@ class Workload:
         msgs = json.dumps(messages, separators=(",", ":"))
         body = ('{"model":' + json.dumps(self.a.model) + ',"messages":' + msgs
                 + f',"max_tokens":{self.a.max_tokens},"stream":true}}').encode()
-        if self.a.unit == "word":  # dynamo_model.py's template: "role : content " per message
+        if self.a.unit == "word":  # dynamo_model's template: "role : content " per message
             return body, sum(len(m["content"].split()) + 2 for m in messages) + 2
         return body, max(1, len(msgs.encode()) // 4)
 
@@ -137,10 +129,7 @@ class Workload:
         extra = ""
         if self.a.pin_header:
             extra = f"{self.a.pin_header}: {self.a.pin_names[conv % len(self.a.pin_names)]}\r\n"
-        head = (f"POST /v1/chat/completions HTTP/1.1\r\nhost: {self.a.host}:{port}\r\n"
-                "content-type: application/json\r\naccept: text/event-stream\r\n"
-                f"{extra}content-length: {len(body)}\r\n\r\n").encode()
-        return head + body, ptok
+        return chat_post(self.a.host, port, body, extra=extra), ptok
 
 
 class Conv:
@@ -151,41 +140,12 @@ class Conv:
         self.turn = turn
 
 
-async def scrape_once(url):
-    """GET url (http://host:port/path); the body's text, '' on failure."""
-    rest = url.split("://", 1)[1]
-    hostport, _, path = rest.partition("/")
-    host, _, port = hostport.partition(":")
-    try:
-        reader, writer = await asyncio.wait_for(asyncio.open_connection(host, int(port or 80)), 2)
-        writer.write(f"GET /{path} HTTP/1.1\r\nhost: {hostport}\r\nconnection: close\r\n\r\n".encode())
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 3)
-        length = None
-        for line in head.split(b"\r\n"):
-            if line.lower().startswith(b"content-length:"):
-                length = int(line.split(b":", 1)[1])
-        if length is not None:
-            body = await asyncio.wait_for(reader.readexactly(length), 3)
-        else:
-            body = await asyncio.wait_for(reader.read(), 3)
-            if b"transfer-encoding: chunked" in head.lower():
-                s = base.Stream(True)
-                s.feed(body)
-                body = bytes(s.payload)
-        writer.close()
-        return body.decode(errors="replace")
-    except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, ValueError):
-        return ""
-
-
 async def scraper(a, t0, out):
     loop = asyncio.get_running_loop()
     for at in a.scrape_at:
-        delay = t0 + at - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        await sleep_until(t0 + at)
         t = loop.time() - t0
-        texts = await asyncio.gather(*(scrape_once(u) for u in a.scrape))
+        texts = await asyncio.gather(*(get_text(u) for u in a.scrape))
         keep = []
         for text in texts:
             keep.append([l for l in text.splitlines()
@@ -193,30 +153,14 @@ async def scraper(a, t0, out):
         out.append({"at": at, "t": t, "lines": keep})
 
 
-def make_runner(a, ports):
-    """A wrapper around bench/overload's request runner: one port per request."""
-    port_of = {}
-    args = argparse.Namespace(host=a.host, max_tokens=a.max_tokens,
-                              port_for=lambda i: port_of.pop(i))
-
-    async def run(rec, req, port, t0):
-        port_of[rec["i"]] = port
-        await base.one(args, req, rec["sched"], t0, rec)
-
-    return run
+def run(a, rec, req, port, t0):
+    return fetch(a.host, port, req, rec["sched"], t0, rec, a.max_tokens)
 
 
 async def open_loop(a, wl, ports):
     loop = asyncio.get_running_loop()
-    rng = random.Random(a.seed)
-    arrivals, t = [], 0.0
-    while True:
-        t += rng.expovariate(a.rate) if a.arrivals == "poisson" else 1.0 / a.rate
-        if t >= a.duration:
-            break
-        arrivals.append(t)
-    recs = [{"i": i, "sched": s, "outcome": "cut"} for i, s in enumerate(arrivals)]
-    run = make_runner(a, ports)
+    times = arrivals(random.Random(a.seed), a.rate, a.duration, a.arrivals)
+    recs = [{"i": i, "sched": s, "outcome": "cut"} for i, s in enumerate(times)]
     ready = collections.deque(Conv(k, k % a.turns) for k in range(a.conversations))
     next_id = a.conversations
     waiting = collections.deque()  # arrivals with no ready conversation yet
@@ -235,7 +179,7 @@ async def open_loop(a, wl, ports):
 
     async def turn_task(conv, rec, req, port):
         nonlocal next_id
-        await run(rec, req, port, t0)
+        await run(a, rec, req, port, t0)
         conv.turn += 1
         if conv.turn >= a.turns:
             wl.forget(conv.id)
@@ -248,24 +192,14 @@ async def open_loop(a, wl, ports):
 
     scr = asyncio.create_task(scraper(a, t0, scrapes)) if a.scrape else None
     for rec in recs:
-        delay = t0 + rec["sched"] - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
+        await sleep_until(t0 + rec["sched"])
         if ready:
             start(ready.popleft(), rec)
         else:
             rec["queued"] = True
             waiting.append(rec)
     hard_end = t0 + a.duration + a.drain
-    while True:  # tasks spawn successors: wait until none is left or the hard end
-        pending = [t for t in tasks if not t.done()]
-        left = hard_end - loop.time()
-        if not pending or left <= 0:
-            break
-        await asyncio.wait(pending, timeout=left)
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await finish(tasks, hard_end)  # tasks spawn successors: finish waits for those too
     if scr:
         await asyncio.wait([scr], timeout=max(0.0, hard_end + 5 - loop.time()))
         scr.cancel()
@@ -276,7 +210,6 @@ async def open_loop(a, wl, ports):
 
 async def closed_loop(a, wl, ports):
     loop = asyncio.get_running_loop()
-    run = make_runner(a, ports)
     recs, scrapes = [], []
     t0 = loop.time()
     counter = [0]
@@ -292,7 +225,7 @@ async def closed_loop(a, wl, ports):
             recs.append(rec)
             port = ports[conv.id % len(ports)]
             req, rec["ptok"] = wl.request(conv.id, conv.turn, port)
-            await run(rec, req, port, t0)
+            await run(a, rec, req, port, t0)
             conv.turn += 1
             if conv.turn >= a.turns:
                 wl.forget(conv.id)
@@ -301,10 +234,7 @@ async def closed_loop(a, wl, ports):
 
     scr = asyncio.create_task(scraper(a, t0, scrapes)) if a.scrape else None
     tasks = [asyncio.create_task(stream(k)) for k in range(a.closed)]
-    await asyncio.wait(tasks, timeout=a.duration + a.drain)
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await finish(tasks, t0 + a.duration + a.drain)
     if scr:
         scr.cancel()
     return recs, loop.time() - t0, scrapes, None
@@ -321,28 +251,20 @@ def describe(a, wl):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--host", default="127.0.0.1")
+    add_run_args(p)
     p.add_argument("--ports", default="0", help="comma-separated; conversation c goes to port c mod n")
-    p.add_argument("--model", required=True)
-    p.add_argument("--rate", type=float, default=10.0, help="arrivals per second (open loop)")
-    p.add_argument("--arrivals", choices=["poisson", "constant"], default="poisson")
     p.add_argument("--closed", type=int, default=0, help="K concurrent streams instead of open loop")
-    p.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals")
-    p.add_argument("--drain", type=float, default=5.0, help="seconds to let requests finish")
     p.add_argument("--conversations", type=int, default=160)
     p.add_argument("--turns", type=int, default=8)
     p.add_argument("--system-tokens", type=int, default=768)
     p.add_argument("--user-tokens", type=int, default=128)
     p.add_argument("--assistant-tokens", type=int, default=256)
-    p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--unit", choices=["bytes4", "word"], default="bytes4")
     p.add_argument("--pin-header", default="")
     p.add_argument("--pin-names", default="")
     p.add_argument("--scrape", default="", help="comma-separated URLs to GET at --scrape-at times")
     p.add_argument("--scrape-at", default="")
     p.add_argument("--scrape-keep", default="vllm:prefix_cache_,vllm:num_requests_,vllm:generation_tokens_total")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--label", default="")
     p.add_argument("--describe", action="store_true")
     p.add_argument("--print-body", type=int, default=None, metavar="TURN",
                    help="print the body of conversation 0's turn TURN (non-streaming) and exit")
@@ -365,27 +287,15 @@ def main():
         p.error("--out is required")
     ports = [int(x) for x in a.ports.split(",")]
 
-    c0 = os.times()
-    w0 = time.monotonic()
     runner = closed_loop if a.closed else open_loop
-    recs, wall, scrapes, conversations_used = asyncio.run(runner(a, wl, ports))
-    c1 = os.times()
-    cpu = (c1.user - c0.user) + (c1.system - c0.system)
-    meta = {
-        "meta": True, "label": a.label, "rate": a.rate, "closed": a.closed,
-        "arrivals": a.arrivals, "duration": a.duration, "drain": a.drain,
-        "max_tokens": a.max_tokens, "seed": a.seed, "requests": len(recs),
-        "wall_s": wall, "cpu_s": cpu, "cpu_share": cpu / max(wall, 1e-9),
-        "elapsed_s": time.monotonic() - w0,
+    (recs, wall, scrapes, conversations_used), cpu, elapsed = timed(runner(a, wl, ports))
+    meta = run_meta(a, recs, wall, cpu, elapsed) | {
         "workload": describe(a, wl) | {"conversations": a.conversations, "unit": a.unit,
                                        "conversations_used": conversations_used},
         "pin": {"header": a.pin_header, "names": a.pin_names} if a.pin_header else None,
         "scrapes": scrapes, "scrape_urls": a.scrape,
     }
-    with open(a.out, "w") as f:
-        f.write(json.dumps(meta) + "\n")
-        for r in recs:
-            f.write(json.dumps(r, separators=(",", ":")) + "\n")
+    write_run(a.out, meta, recs)
     print(json.dumps({k: v for k, v in meta.items() if k not in ("scrapes", "workload")}), file=sys.stderr)
 
 

@@ -1,34 +1,30 @@
 #!/usr/bin/env python3
-"""Prefix-reuse benchmark: the capacity without reuse, and the reports.
+"""Prefix-reuse benchmark: the reports (bench/prefix/run.sh, dynamo.sh).
 
-  report.py capacity --mean-prompt-tokens P ...   prints C per engine (req/s), no prefix reuse
   report.py report --summary S ...                writes prefix.md/.png/-summary.json (run.sh)
   report.py dynamo --summary S ...                writes prefix-dynamo.md/-summary.json (dynamo.sh)
+  report.py tables --summary-json J [--dynamo]    prints the tables of prefix.md (or
+                                                  prefix-dynamo.md) from its committed summary
 
-Statistics per run come from bench/overload/report.py (`analyse`: requests that arrived in
+Statistics per run come from spillbench.analysis (bench/lib: requests that arrived in
 [warmup, duration), TTFT from the scheduled arrival); this file adds the engines' prefix-cache
 hit rate, Spillway's CPU per request and the comparison with the perfect-affinity oracle.
+The capacity without reuse is `python3 -m spillbench capacity --mean-prompt-tokens P`.
 """
 
 import argparse
-import importlib.util
 import json
-import math
 import os
 import sys
 
-def _overload(name):
-    """bench/overload/NAME.py as a module (loaded by path: this file has the same name)."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "overload", name + ".py")
-    spec = importlib.util.spec_from_file_location("overload_" + name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-base = _overload("report")
-
-ms, pct, load_run = base.ms, base.pct, base.load_run
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from spillbench import metrics, plot as plots, results  # noqa: E402
+from spillbench.analysis import analyse, capacity_measured, health_notes  # noqa: E402
+from spillbench.markdown import fmt, ms, row  # noqa: E402
+from spillbench.metrics import counter_sum  # noqa: E402
+from spillbench.mockmodel import add_args as add_engine_args, model_capacity as engine_capacity  # noqa: E402
+from spillbench.results import load_run  # noqa: E402
+from spillbench.stats import pct  # noqa: E402
 
 SETUP_NAMES = {
     "kv": "Spillway kv (prefix-aware)",
@@ -46,29 +42,15 @@ HITS, QUERIES = "vllm:prefix_cache_hits_total", "vllm:prefix_cache_queries_total
 
 # --- capacity without prefix reuse -------------------------------------------------------
 def model_capacity(a):
-    """bench/overload's time model (report.py model_capacity) with this workload's mean
-    prompt: every request prefills its whole prompt (no reuse). Returns (C per engine,
-    batch B, step seconds)."""
+    """bench/overload's time model (spillbench.mockmodel) with this workload's mean prompt:
+    every request prefills its whole prompt (no reuse). Returns (C per engine, batch B,
+    step seconds)."""
     ns = argparse.Namespace(**vars(a))
     ns.prompt_bytes = int(round(4 * a.mean_prompt_tokens))
-    return base.model_capacity(ns)
+    return engine_capacity(ns)
 
 
 # --- per-run figures ----------------------------------------------------------------------
-def counter_sum(lines, name):
-    """Sum of a counter's samples in /metrics lines (any labels); None when absent."""
-    total, seen = 0.0, False
-    for line in lines:
-        head = line.split("{", 1)[0].split(" ", 1)[0]
-        if head == name:
-            try:
-                total += float(line.rsplit(" ", 1)[1])
-                seen = True
-            except (ValueError, IndexError):
-                pass
-    return total if seen else None
-
-
 def hit_rate(meta, names=(HITS, QUERIES)):
     """(hits, queries) in prefix-cache tokens over the window: the counters at the window's
     end minus at its start, summed over the scraped endpoints; None when not exported."""
@@ -106,7 +88,7 @@ def engine_imbalance(meta):
 
 def run_stats(a, run, hit_names=(HITS, QUERIES)):
     meta, recs = load_run(run["file"])
-    s = base.analyse(meta, recs, a.warmup, a.duration, a.max_tokens)
+    s = analyse(meta, recs, a.warmup, a.duration, a.max_tokens)
     s.update(setup=run["setup"], load=run["load"], rate=run["rate"])
     started = [r for r in recs if "lag" in r]
     s["started"] = len(started)
@@ -127,17 +109,13 @@ def run_stats(a, run, hit_names=(HITS, QUERIES)):
     s["prompt_tokens_mean"] = (sum(r["ptok"] for r in win if "ptok" in r) / max(1, len(win)))
     s["conversations"] = (meta.get("workload") or {}).get("conversations")
     s["proxy_alive"] = run.get("proxy_alive", "yes")
-    s["spillway_statuses"] = base.spillway_counts(run.get("metrics"))
-    s["log_problems"] = base.log_problems(run.get("log", ""))[:5]
+    s["spillway_statuses"] = metrics.requests_by_outcome(run.get("metrics"))
+    s["log_problems"] = metrics.log_problems(run.get("log", ""))[:5]
     return s
 
 
 def wait_cell(r):
     return f"{ms(r['ready_wait_p99'])} ({100 * r['ready_waited_share']:.0f} %)"
-
-
-def fmt(x, spec, unit=""):
-    return "–" if x is None else f"{x:{spec}}{unit}"
 
 
 def rows_by(rows):
@@ -165,7 +143,7 @@ def acceptance(by, ratio_setups, one=1.0):
 # --- the Spillway report ------------------------------------------------------------------
 def capacity_section(a, c1, b, step_s, c_model, cap):
     """How C was found: measured through round-robin (the default) or the no-reuse model."""
-    model = (f"the time model (bench/overload's `model_capacity` with this workload's mean prompt "
+    model = (f"the time model (spillbench.mockmodel's `model_capacity` with this workload's mean prompt "
              f"of {a.mean_prompt_tokens:.0f} tokens, every prompt prefilled in full: batch B = {b}, "
              f"step ≈ {step_s * 1000:.1f} ms) gives **{c1:.2f} req/s per engine, {c_model:.1f} req/s "
              f"for {a.engines}** without any prefix reuse")
@@ -195,14 +173,41 @@ def capacity_section(a, c1, b, step_s, c_model, cap):
     return out
 
 
+def results_table(by, setups, loads, dynamo=False):
+    """The results table of prefix.md, or (dynamo) of prefix-dynamo.md."""
+    head = ("| setup | load | offered req/s | completed req/s | TTFT p50 ms | TTFT p99 ms | refused | "
+            + ("errors | prefix hit rate | frontend CPU µs/req | " if dynamo else
+               "errors | engines' prefix hit rate | % of oracle | busiest engine ÷ mean | "
+               "Spillway CPU µs/req | ")
+            + "ready wait p99 ms (share waited) | loadgen CPU |")
+    md = [head, "|" + "---|" * (head.count("|") - 1)]
+    names = DYN_NAMES if dynamo else SETUP_NAMES
+    for s in setups:
+        for k in loads:
+            r = by.get((s, k))
+            if not r:
+                continue
+            cells = [names[s], f"{k:g}×C", f"{r['offered_rps']:.1f}", f"{r['completed_rps']:.1f}",
+                     ms(r["ttft_p50"], r["ttft_bound"]), ms(r["ttft_p99"], r["ttft_bound"]),
+                     f"{100 * r['rejected_share']:.1f} %", r["errors"],
+                     fmt(None if r["hit_rate"] is None else 100 * r["hit_rate"], ".1f", " %")]
+            if dynamo:
+                cells.append(fmt(r["frontend_us_per_req"], ".0f"))
+            else:
+                cells += [fmt(None if r["hit_of_oracle"] is None else 100 * r["hit_of_oracle"],
+                              ".0f", " %"),
+                          fmt(r["engine_imbalance"], ".2f"), fmt(r["proxy_us_per_req"], ".0f")]
+            md.append(row(cells + [wait_cell(r), f"{100 * r['loadgen_cpu']:.0f} %"]))
+    return md
+
+
 def report(a):
     c1, b, step_s = model_capacity(a)
     c_model = a.engines * c1
     cap = None
     if a.capacity:
-        cap = base.capacity_measured(a.capacity, a.capacity_warmup)
-    runs = [json.loads(l) for l in open(a.summary)]
-    rows = [run_stats(a, run) for run in runs]
+        cap = capacity_measured(a.capacity, a.capacity_warmup)
+    rows = [run_stats(a, run) for run in results.read_jsonl(a.summary)]
     by, loads = rows_by(rows)
     setups = [s for s in ORDER if any(r["setup"] == s for r in rows)]
     for r in rows:
@@ -211,7 +216,7 @@ def report(a):
                               if o and r["hit_rate"] is not None and o["hit_rate"] else None)
     d = json.loads(a.describe)
 
-    md = [open(a.header).read().rstrip(), ""]
+    md = results.header(a.header)
     md += [
         "## Workload", "",
         f"- {d['turns']}-turn conversations, a pool of {rows[0]['conversations'] if rows else '?'} "
@@ -246,25 +251,8 @@ def report(a):
         "arrival waited for a conversation whose previous turn had completed (inside its TTFT; the "
         "share of arrivals that waited at all in brackets): a router that makes turns slower "
         "leaves fewer conversations ready.", "",
-        "| setup | load | offered req/s | completed req/s | TTFT p50 ms | TTFT p99 ms | refused | "
-        "errors | engines' prefix hit rate | % of oracle | busiest engine ÷ mean | Spillway CPU µs/req | "
-        "ready wait p99 ms (share waited) | loadgen CPU |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for s in setups:
-        for k in loads:
-            r = by.get((s, k))
-            if not r:
-                continue
-            md.append(
-                f"| {SETUP_NAMES[s]} | {k:g}×C | {r['offered_rps']:.1f} | {r['completed_rps']:.1f} | "
-                f"{ms(r['ttft_p50'], r['ttft_bound'])} | {ms(r['ttft_p99'], r['ttft_bound'])} | "
-                f"{100 * r['rejected_share']:.1f} % | {r['errors']} | "
-                f"{fmt(None if r['hit_rate'] is None else 100 * r['hit_rate'], '.1f', ' %')} | "
-                f"{fmt(None if r['hit_of_oracle'] is None else 100 * r['hit_of_oracle'], '.0f', ' %')} | "
-                f"{fmt(r['engine_imbalance'], '.2f')} | "
-                f"{fmt(r['proxy_us_per_req'], '.0f')} | {wait_cell(r)} | "
-                f"{100 * r['loadgen_cpu']:.0f} % |")
+    md += results_table(by, setups, loads)
     md.append("")
 
     acc = acceptance(by, ("kv", "round-robin", "oracle"))
@@ -284,14 +272,11 @@ def report(a):
         "- The oracle pins by conversation id, which Spillway's kv mode cannot see; it is the "
         "hit-rate ceiling for this workload, not a router to deploy (it ignores load).", "",
     ]
-    with open(a.out_md, "w") as f:
-        f.write("\n".join(md) + "\n")
-    with open(a.out_json, "w") as f:
-        json.dump({"c_model": c_model, "c_model_per_engine": c1,
-                   "c_measured": cap[0] if cap else None,
-                   "mean_prompt_tokens": a.mean_prompt_tokens, "engines": a.engines,
-                   "acceptance": acc, "skipped": a.skipped_setups(), "rows": rows},
-                  f, indent=1, default=str)
+    results.write_md(a.out_md, md)
+    results.write_json(a.out_json, {"c_model": c_model, "c_model_per_engine": c1,
+                                    "c_measured": cap[0] if cap else None,
+                                    "mean_prompt_tokens": a.mean_prompt_tokens, "engines": a.engines,
+                                    "acceptance": acc, "skipped": a.skipped_setups(), "rows": rows})
     plot(a, rows, setups, loads)
     print("\n".join(md))
     return 0
@@ -346,17 +331,7 @@ def health_md(rows, names=SETUP_NAMES, proxy="Spillway"):
     md = [f"## {proxy} health during the runs", ""]
     problems = False
     for r in rows:
-        notes = []
-        if r["proxy_alive"] != "yes":
-            notes.append("proxy process gone after the run")
-        if r["errors"]:
-            notes.append(f"{r['errors']} client-side errors: {r['error_kinds']}")
-        odd = {k: v for k, v in r["spillway_statuses"].items()
-               if k not in ("success", "error (overload)", "error (cancelled)")}
-        if odd:
-            notes.append(f"unexpected outcomes counted: {odd}")
-        if r["log_problems"]:
-            notes.append("log: " + " / ".join(l[-160:] for l in r["log_problems"][:3]))
+        notes = health_notes(r)
         if r.get("cold_in_window"):
             notes.append(f"{r['cold_in_window']} cold requests (a staggered conversation's first "
                          "turn, history never sent) fell in the window: WARMUP < conversations / rate")
@@ -373,11 +348,7 @@ def health_md(rows, names=SETUP_NAMES, proxy="Spillway"):
 
 
 def plot(a, rows, setups, loads):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plots.pyplot()
     by, _ = rows_by(rows)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
     for s in setups:
@@ -408,8 +379,7 @@ def plot(a, rows, setups, loads):
     else:
         ax2.text(0.5, 0.5, "engines export no prefix-cache counters", ha="center",
                  transform=ax2.transAxes)
-    fig.tight_layout()
-    fig.savefig(a.out_png, dpi=110)
+    plots.save(fig, a.out_png)
 
 
 # --- the Dynamo report --------------------------------------------------------------------
@@ -424,19 +394,18 @@ DYN_NAMES = {"kv": "Dynamo kv (KV events)", "kv-approx": "Dynamo kv, no KV event
 
 
 def dynamo_report(a):
-    cap_rps, _, cap_meta = base.capacity_measured(a.capacity, a.capacity_warmup)
-    runs = [json.loads(l) for l in open(a.summary)]
+    cap_rps, _, cap_meta = capacity_measured(a.capacity, a.capacity_warmup)
     rows = []
-    for run in runs:
+    for run in results.read_jsonl(a.summary):
         s = run_stats(a, run, DYN_HITS)
         s["log_problems"] = [l for l in s["log_problems"] if not any(b in l for b in DYN_BENIGN)]
         s["frontend_us_per_req"] = s.pop("proxy_us_per_req")
         s["mocker_cpu_s"] = run.get("mocker_ticks", 0) / a.clk_tck
         rows.append(s)
     by, loads = rows_by(rows)
-    setups = [s for s in ("kv", "kv-approx", "round-robin") if any(r["setup"] == s for r in rows)]
+    setups = [s for s in DYN_NAMES if any(r["setup"] == s for r in rows)]
     d = json.loads(a.describe)
-    md = [open(a.header).read().rstrip(), ""]
+    md = results.header(a.header)
     md += [
         "## Workload and capacity", "",
         f"- The workload of `run.sh` in tokens of the word-level tokenizer "
@@ -458,22 +427,8 @@ def dynamo_report(a):
         f"`{DYN_HITS[0]}` (prompt tokens the mocker reported cached, per response) ÷ "
         f"`{DYN_HITS[1]}`, deltas over the window. Frontend CPU: utime + stime of the frontend "
         "process over the run ÷ requests sent.", "",
-        "| setup | load | offered req/s | completed req/s | TTFT p50 ms | TTFT p99 ms | refused | "
-        "errors | prefix hit rate | frontend CPU µs/req | ready wait p99 ms (share waited) | loadgen CPU |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for s in setups:
-        for k in loads:
-            r = by.get((s, k))
-            if not r:
-                continue
-            md.append(
-                f"| {DYN_NAMES[s]} | {k:g}×C | {r['offered_rps']:.1f} | {r['completed_rps']:.1f} | "
-                f"{ms(r['ttft_p50'], r['ttft_bound'])} | {ms(r['ttft_p99'], r['ttft_bound'])} | "
-                f"{100 * r['rejected_share']:.1f} % | {r['errors']} | "
-                f"{fmt(None if r['hit_rate'] is None else 100 * r['hit_rate'], '.1f', ' %')} | "
-                f"{fmt(r['frontend_us_per_req'], '.0f')} | {wait_cell(r)} | "
-                f"{100 * r['loadgen_cpu']:.0f} % |")
+    md += results_table(by, setups, loads, dynamo=True)
     md.append("")
     md += ["## kv ÷ round-robin", ""]
     ratios = {}
@@ -488,7 +443,7 @@ def dynamo_report(a):
         md.append("- Not measured (kv and round-robin were not both run at one load).")
     spill = None
     if a.spillway_summary and os.path.exists(a.spillway_summary):
-        spill = json.load(open(a.spillway_summary))
+        spill = results.read_json(a.spillway_summary)
         acc = spill.get("acceptance") or {}
         if acc.get("ttft_p50_ratio") is not None:
             md.append(f"- Spillway (`prefix.md`, its own mock and C) at {acc['load']:g}×C: kv ÷ "
@@ -510,31 +465,30 @@ def dynamo_report(a):
            "- Shared machine: 2 vCPUs used by other engineers' builds too; processes at nice −10.",
            ""]
     md += health_md(rows, DYN_NAMES, "Frontend")
-    with open(a.out_md, "w") as f:
-        f.write("\n".join(md) + "\n")
-    with open(a.out_json, "w") as f:
-        json.dump({"c_measured": cap_rps, "ttft_p50_ratio_kv_rr": ratios, "rows": rows},
-                  f, indent=1, default=str)
+    results.write_md(a.out_md, md)
+    results.write_json(a.out_json, {"c_measured": cap_rps, "ttft_p50_ratio_kv_rr": ratios,
+                                    "rows": rows})
+    print("\n".join(md))
+    return 0
+
+
+def tables(a):
+    """The tables report() (or, with --dynamo, dynamo_report()) writes, from a summary it
+    wrote (results/prefix-summary.json, prefix-dynamo-summary.json)."""
+    rows = results.read_json(a.summary_json)["rows"]
+    by, loads = rows_by(rows)
+    order = DYN_NAMES if a.dynamo else ORDER
+    md = results_table(by, [s for s in order if any(r["setup"] == s for r in rows)], loads,
+                       a.dynamo)
     print("\n".join(md))
     return 0
 
 
 def main():
-    p = argparse.ArgumentParser()
+    p = argparse.ArgumentParser(prog="report.py")
     sub = p.add_subparsers(dest="cmd", required=True)
-    for name in ("capacity", "report"):
-        q = sub.add_parser(name)
-        q.add_argument("--mean-prompt-tokens", type=float, required=True)
-        q.add_argument("--max-tokens", type=int, default=64)
-        q.add_argument("--max-num-seqs", type=int, default=64)
-        q.add_argument("--kv-blocks", type=int, default=8192)
-        q.add_argument("--block-size", type=int, default=16)
-        q.add_argument("--max-num-batched-tokens", type=int, default=2048)
-        q.add_argument("--prefill-tps", type=float, default=20000)
-        q.add_argument("--step-ms", type=float, default=8)
-        q.add_argument("--step-per-seq-ms", type=float, default=0.25)
     for name in ("report", "dynamo"):
-        q = sub.choices.get(name) or sub.add_parser(name)
+        q = sub.add_parser(name)
         q.add_argument("--summary", required=True)
         q.add_argument("--capacity", default="")
         q.add_argument("--capacity-warmup", type=float, default=10)
@@ -547,6 +501,8 @@ def main():
         q.add_argument("--out-md", required=True)
         q.add_argument("--out-json", required=True)
     r = sub.choices["report"]
+    r.add_argument("--mean-prompt-tokens", type=float, required=True)
+    add_engine_args(r, kv_blocks=8192)
     r.add_argument("--c-model-per-engine", type=float, default=0)
     r.add_argument("--capacity-basis", choices=["round-robin", "model"], default="model")
     r.add_argument("--c-total", type=float, default=0)
@@ -558,16 +514,12 @@ def main():
     y.add_argument("--capacity-ticks", type=float, default=0)
     y.add_argument("--probe-tokens", default="")
     y.add_argument("--spillway-summary", default="")
-    m = sub.add_parser("measured")
-    m.add_argument("--capacity", required=True)
-    m.add_argument("--capacity-warmup", type=float, default=10)
+    t = sub.add_parser("tables")
+    t.add_argument("--summary-json", required=True)
+    t.add_argument("--dynamo", action="store_true", help="the summary is prefix-dynamo's")
     a = p.parse_args()
-    if a.cmd == "measured":
-        print(f"{base.capacity_measured(a.capacity, a.capacity_warmup)[0]:.2f}")
-        return 0
-    if a.cmd == "capacity":
-        print(f"{model_capacity(a)[0]:.3f}")
-        return 0
+    if a.cmd == "tables":
+        return tables(a)
 
     def skipped_setups():
         try:

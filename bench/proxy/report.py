@@ -1,94 +1,189 @@
 #!/usr/bin/env python3
 """Proxy benchmark report: parses wrk / wrk2 / oha outputs, takes medians over rounds,
-writes the Markdown table, the raw per-run table and the p99-vs-rate plot."""
+writes the Markdown table, the raw per-run table and the p99-vs-rate plot.
+
+  report.py --raw RAW --header H ... --out-md proxy.md --out-raw proxy-raw.tsv ...
+      (bench/proxy/run.sh: RAW lists the runs and their tools' output files)
+  report.py tables --runs results/proxy-raw.tsv
+      the tables of proxy.md again, from the per-run table it wrote
+"""
 
 import argparse
-import json
+import os
 import re
-import statistics
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from spillbench import metrics, plot as plots, results  # noqa: E402
+from spillbench.markdown import UNKNOWN, fmt_us  # noqa: E402
+from spillbench.stats import median as med  # noqa: E402
+from spillbench.wrk import parse  # noqa: E402
 
 TARGETS = ["direct", "spillway", "spillway-base", "nginx", "haproxy"]
-UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0}
+# The per-run table (--out-raw): what the medians are taken over. `elapsed` (the tool's
+# own duration) and `wall_s` (the script's) came later, and so did rps to 9 significant
+# digits (it had 6): a table without them regenerates every figure but the achieved rates,
+# the peak's CPU busy share and a peak rate whose 6 digits end in .5 (its rounding to a
+# whole number is not determined).
+RAW_COLS = ["round", "target", "kind", "rate", "tool", "requests", "ok", "non2xx", "sock_errors",
+            "rps", "p50", "p90", "p99", "p99.9", "ticks", "cpu_us_per_req", "elapsed", "wall_s"]
+QUANTILES = ("p50", "p90", "p99", "p99.9")
 
 
-def dur(text):
-    m = re.fullmatch(r"([\d.]+)(us|ms|s|m)", text)
-    return float(m.group(1)) * UNITS[m.group(2)] if m else None
+def cpu_per_request(r, clk_tck):
+    return (r["ticks"] / clk_tck / r["ok"] * 1e6) if (r["target"] != "direct" and r["ok"]) else None
 
 
-def parse_wrk(text):
-    """wrk and wrk2 text output: requests, rps, percentiles, non-2xx and socket errors."""
-    out = {"p": {}}
-    m = re.search(r"(\d+) requests in ([\d.]+)(us|ms|s|m)", text)
-    if m:
-        out["requests"] = int(m.group(1))
-        out["elapsed"] = float(m.group(2)) * UNITS[m.group(3)]
-    m = re.search(r"Requests/sec:\s*([\d.]+)", text)
-    if m:
-        out["rps"] = float(m.group(1))
-    # wrk: "     50%    1.23ms"; wrk2: " 50.000%    1.23ms" (the first block is the recorded one).
-    for m in re.finditer(r"^\s*(\d+(?:\.\d+)?)%\s+([\d.]+(?:us|ms|s|m))\s*$", text, re.M):
-        q = float(m.group(1))
-        key = {50.0: "p50", 90.0: "p90", 99.0: "p99", 99.9: "p99.9"}.get(q)
-        if key and key not in out["p"]:
-            out["p"][key] = dur(m.group(2))
-    m = re.search(r"Non-2xx or 3xx responses:\s*(\d+)", text)
-    out["non2xx"] = int(m.group(1)) if m else 0
-    m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
-    out["sock_errors"] = sum(int(x) for x in m.groups()) if m else 0
-    out["ok"] = out.get("requests", 0) - out["non2xx"]
-    return out
+def load_runs(path, clk_tck):
+    """run.sh's list of runs, each with what its tool's output says."""
+    runs = []
+    for r in results.read_tsv(path):
+        r["round"] = int(r["round"])
+        r["rate"] = int(r["rate"])
+        r["ticks"] = int(r["ticks"])
+        r["wall_s"] = float(r["wall_s"])
+        r.update(parse(r["tool"], r["file"]))
+        r["cpu_us_per_req"] = cpu_per_request(r, clk_tck)
+        runs.append(r)
+    return runs
 
 
-def parse_oha(text):
-    j = json.loads(text)
-    s = j["summary"]
-    lp = j.get("latencyPercentiles", {})
-    codes = {int(k): v for k, v in j.get("statusCodeDistribution", {}).items()}
-    # Requests still in flight when -z ends are aborted by oha itself: not errors.
-    errors = sum(v for k, v in j.get("errorDistribution", {}).items() if "deadline" not in k)
-    total = sum(codes.values())
-    return {
-        "requests": total,
-        "ok": codes.get(200, 0),
-        "non2xx": total - codes.get(200, 0),
-        "sock_errors": errors,
-        "elapsed": s.get("total"),
-        "rps": s.get("requestsPerSec"),
-        "p": {k: lp.get(k) for k in ("p50", "p90", "p99", "p99.9")},
-    }
+def runs_from_table(path, clk_tck):
+    """The runs again, from the per-run table the report wrote (RAW_COLS)."""
+    runs = []
+    for row in results.read_tsv(path):
+        num = lambda k, kind=float: None if row.get(k) in ("", None) else kind(row[k])
+        r = {"round": int(row["round"]), "target": row["target"], "kind": row["kind"],
+             "rate": int(row["rate"]), "tool": row["tool"], "requests": num("requests", int),
+             "ok": num("ok", int), "non2xx": num("non2xx", int),
+             "sock_errors": num("sock_errors", int), "rps": num("rps"),
+             # 6 significant digits ending in .5: the rate's whole number is not determined.
+             "rps_unsure": "elapsed" not in row and row["rps"].endswith(".5"),
+             "p": {q: num(q) for q in QUANTILES}, "ticks": int(row["ticks"]),
+             "elapsed": num("elapsed") if "elapsed" in row else UNKNOWN,
+             "wall_s": num("wall_s") if "wall_s" in row else UNKNOWN}
+        r["cpu_us_per_req"] = cpu_per_request(r, clk_tck)
+        runs.append(r)
+    return runs
 
 
-def parse(tool, path):
-    try:
-        text = open(path).read()
-        return parse_oha(text) if tool == "oha" else parse_wrk(text)
-    except (OSError, ValueError, KeyError) as e:
-        return {"error": f"{type(e).__name__}: {e}", "p": {}, "ok": 0, "requests": 0,
-                "non2xx": 0, "sock_errors": 0}
+def per_second(count, seconds):
+    """count / seconds; UNKNOWN when the table does not record the seconds."""
+    if seconds is UNKNOWN:
+        return UNKNOWN
+    return count / seconds if seconds else None
 
 
-def spillway_log_lines(path):
-    """The report's line on Spillway's log: how many warning/error lines, and one of them."""
-    try:
-        probs = [l for l in open(path, errors="replace").read().splitlines()
-                 if re.search(r"WARN|ERROR|panic", l)]
-    except OSError:
-        return []
-    return [f"- Spillway log: {len(probs)} warning/error lines"
-            + (f", e.g. `{probs[0][-200:]}`" if probs else ".")]
+def med_known(xs):
+    return UNKNOWN if any(x is UNKNOWN for x in xs) else med(xs)
 
 
-def med(xs):
-    xs = [x for x in xs if x is not None]
-    return statistics.median(xs) if xs else None
+def summarize(runs, targets, rates, clk_tck):
+    def sel(t, kind, rate=0):
+        return [r for r in runs if r["target"] == t and r["kind"] == kind and r["rate"] == rate]
+
+    summary = {}
+    for t in targets:
+        peaks = [r.get("rps") for r in sel(t, "peak") if r.get("rps")]
+        unsure = {r["rps"] for r in sel(t, "peak") if r.get("rps_unsure")}
+        s = {"peak_rps": med(peaks), "peak_unsure": unsure,
+             "peak_range": (min(peaks), max(peaks)) if peaks else None,
+             "peak_cpu": med([r["cpu_us_per_req"] for r in sel(t, "peak")]),
+             "peak_busy": med_known([per_second(r["ticks"] / clk_tck, r["wall_s"])
+                                     for r in sel(t, "peak") if t != "direct"])}
+        for rate in rates:
+            rs = sel(t, "rate", rate)
+            s[rate] = {
+                "p": {q: med([r["p"].get(q) for r in rs]) for q in QUANTILES},
+                "cpu": med([r["cpu_us_per_req"] for r in rs]),
+                "achieved": med_known([per_second(r["ok"], r.get("elapsed")) for r in rs]),
+            }
+        summary[t] = s
+    return summary
 
 
-def fmt_us(x):
-    return "–" if x is None else (f"{x * 1e6:.0f}" if x < 1e-3 else f"{x * 1e3:.2f} ms")
+def peak_table(summary, targets, rates):
+    head = ("| target | peak req/s (wrk, closed loop) | range over rounds | vs nginx | "
+            "proxy CPU busy at peak | CPU µs/req at peak |")
+    sep = "|---|---|---|---|---|---|"
+    for rate in rates:
+        head += f" CPU µs/req @ {rate // 1000}k | vs nginx |"
+        sep += "---|---|"
+    md = [head, sep]
+    ng = summary.get("nginx", {})
+    for t in targets:
+        s = summary[t]
+        busy = s["peak_busy"]
+        rps = lambda x: UNKNOWN if x in s["peak_unsure"] else f"{x:.0f}"
+        line = f"| {t} | {rps(s['peak_rps'])} |" if s["peak_rps"] else f"| {t} | – |"
+        lo_hi = s["peak_range"]
+        line += (" – |" if not lo_hi else f" {UNKNOWN} |" if set(lo_hi) & s["peak_unsure"]
+                 else f" {lo_hi[0]:.0f}–{lo_hi[1]:.0f} |")
+        line += (f" {s['peak_rps'] / ng['peak_rps']:.2f} |" if ng.get("peak_rps") and s["peak_rps"] else " – |")
+        line += (f" {busy} |" if busy is UNKNOWN else
+                 f" {100 * busy:.0f} % |" if busy is not None else " – |")
+        line += (f" {s['peak_cpu']:.1f} |" if s["peak_cpu"] is not None else " – |")
+        for rate in rates:
+            c = s[rate]["cpu"]
+            cn = ng.get(rate, {}).get("cpu")
+            line += f" {c:.1f} |" if c is not None else " – |"
+            line += f" {c / cn:.2f} |" if (c is not None and cn) else " – |"
+        md.append(line)
+    return md
+
+
+def latency_table(summary, targets, rates):
+    md = ["| target | rate | achieved req/s | p50 | p90 | p99 | p99.9 | p99 vs nginx |",
+          "|---|---|---|---|---|---|---|---|"]
+    ng = summary.get("nginx", {})
+    for rate in rates:
+        for t in targets:
+            s = summary[t][rate]
+            p = s["p"]
+            pn = ng.get(rate, {}).get("p", {}).get("p99")
+            ratio = f"{p['p99'] / pn:.2f}" if (p["p99"] and pn) else "–"
+            ach = s["achieved"] if s["achieved"] is UNKNOWN else (
+                f"{s['achieved']:.0f}" if s["achieved"] else "–")
+            md.append(f"| {t} | {rate} | {ach} | {fmt_us(p['p50'])} | {fmt_us(p['p90'])} | "
+                      f"{fmt_us(p['p99'])} | {fmt_us(p['p99.9'])} | {ratio} |")
+    return md
+
+
+def layout(runs):
+    rounds = max(r["round"] for r in runs)
+    targets = [t for t in TARGETS if any(r["target"] == t for r in runs)]
+    rates = sorted({r["rate"] for r in runs if r["kind"] == "rate"})
+    rate_tool = next((r["tool"] for r in runs if r["kind"] == "rate"), "?")
+    return rounds, targets, rates, rate_tool
+
+
+def write_runs(path, runs):
+    """The per-run table (RAW_COLS): floats to 6 significant digits, rates and seconds to 9."""
+    with open(path, "w") as f:
+        f.write("\t".join(RAW_COLS) + "\n")
+        for r in runs:
+            vals = []
+            for c in RAW_COLS:
+                v = r["p"].get(c) if c in QUANTILES else r.get(c)
+                spec = ".9g" if c in ("rps", "elapsed", "wall_s") else ".6g"
+                vals.append("" if v is None else (f"{v:{spec}}" if isinstance(v, float) else str(v)))
+            f.write("\t".join(vals) + "\n")
+
+
+def tables(a):
+    runs = runs_from_table(a.runs, a.clk_tck)
+    _, targets, rates, _ = layout(runs)
+    summary = summarize(runs, targets, rates, a.clk_tck)
+    print("\n".join(peak_table(summary, targets, rates) + [""]
+                    + latency_table(summary, targets, rates)))
 
 
 def main():
+    if len(sys.argv) > 1 and sys.argv[1] == "tables":
+        q = argparse.ArgumentParser(prog="report.py tables")
+        q.add_argument("--runs", required=True, help="the per-run table (results/proxy-raw.tsv)")
+        q.add_argument("--clk-tck", type=float, default=100)
+        return tables(q.parse_args(sys.argv[2:]))
     ap = argparse.ArgumentParser()
     ap.add_argument("--raw", required=True)
     ap.add_argument("--header", required=True)
@@ -100,71 +195,17 @@ def main():
     ap.add_argument("--out-raw", required=True)
     a = ap.parse_args()
 
-    runs = []
-    with open(a.raw) as f:
-        header = f.readline().rstrip("\n").split("\t")
-        for line in f:
-            r = dict(zip(header, line.rstrip("\n").split("\t")))
-            r["round"] = int(r["round"])
-            r["rate"] = int(r["rate"])
-            r["ticks"] = int(r["ticks"])
-            r["wall_s"] = float(r["wall_s"])
-            r.update(parse(r["tool"], r["file"]))
-            cpu_s = r["ticks"] / a.clk_tck
-            r["cpu_us_per_req"] = (cpu_s / r["ok"] * 1e6) if (r["target"] != "direct" and r["ok"]) else None
-            runs.append(r)
-    rounds = max(r["round"] for r in runs)
-    targets = [t for t in TARGETS if any(r["target"] == t for r in runs)]
-    rates = sorted({r["rate"] for r in runs if r["kind"] == "rate"})
-    rate_tool = next((r["tool"] for r in runs if r["kind"] == "rate"), "?")
+    runs = load_runs(a.raw, a.clk_tck)
+    rounds, targets, rates, rate_tool = layout(runs)
+    summary = summarize(runs, targets, rates, a.clk_tck)
 
-    def sel(t, kind, rate=0):
-        return [r for r in runs if r["target"] == t and r["kind"] == kind and r["rate"] == rate]
-
-    summary = {}
-    for t in targets:
-        peaks = [r.get("rps") for r in sel(t, "peak") if r.get("rps")]
-        s = {"peak_rps": med(peaks),
-             "peak_range": (min(peaks), max(peaks)) if peaks else None,
-             "peak_cpu": med([r["cpu_us_per_req"] for r in sel(t, "peak")]),
-             "peak_busy": med([r["ticks"] / a.clk_tck / r["wall_s"] for r in sel(t, "peak")
-                               if t != "direct"])}
-        for rate in rates:
-            rs = sel(t, "rate", rate)
-            s[rate] = {
-                "p": {q: med([r["p"].get(q) for r in rs]) for q in ("p50", "p90", "p99", "p99.9")},
-                "cpu": med([r["cpu_us_per_req"] for r in rs]),
-                "achieved": med([(r["ok"] / r["elapsed"]) if r.get("elapsed") else None for r in rs]),
-            }
-        summary[t] = s
-
-    md = [open(a.header).read().rstrip(), ""]
+    md = results.header(a.header)
     md.append(f"Medians over {rounds} rounds; targets interleaved within each round "
               f"(direct, spillway, nginx, haproxy, then the next round).")
     md.append("")
     md.append("## Peak throughput and proxy CPU per request")
     md.append("")
-    head = ("| target | peak req/s (wrk, closed loop) | range over rounds | vs nginx | "
-            "proxy CPU busy at peak | CPU µs/req at peak |")
-    sep = "|---|---|---|---|---|---|"
-    for rate in rates:
-        head += f" CPU µs/req @ {rate // 1000}k | vs nginx |"
-        sep += "---|---|"
-    md += [head, sep]
-    ng = summary.get("nginx", {})
-    for t in targets:
-        s = summary[t]
-        line = f"| {t} | {s['peak_rps']:.0f} |" if s["peak_rps"] else f"| {t} | – |"
-        line += (f" {s['peak_range'][0]:.0f}–{s['peak_range'][1]:.0f} |" if s["peak_range"] else " – |")
-        line += (f" {s['peak_rps'] / ng['peak_rps']:.2f} |" if ng.get("peak_rps") and s["peak_rps"] else " – |")
-        line += (f" {100 * s['peak_busy']:.0f} % |" if s["peak_busy"] is not None else " – |")
-        line += (f" {s['peak_cpu']:.1f} |" if s["peak_cpu"] is not None else " – |")
-        for rate in rates:
-            c = s[rate]["cpu"]
-            cn = ng.get(rate, {}).get("cpu")
-            line += f" {c:.1f} |" if c is not None else " – |"
-            line += f" {c / cn:.2f} |" if (c is not None and cn) else " – |"
-        md.append(line)
+    md += peak_table(summary, targets, rates)
     md.append("")
     md.append(f"CPU µs/req: the proxy's utime+stime (all processes and threads, /proc/PID/stat) over "
               f"a constant-rate run divided by the 200 responses in it (clock tick "
@@ -177,17 +218,7 @@ def main():
               f"{' -q RATE --latency-correction' if rate_tool == 'oha' else ' -R RATE'}, "
               f"coordinated-omission corrected)")
     md.append("")
-    md.append("| target | rate | achieved req/s | p50 | p90 | p99 | p99.9 | p99 vs nginx |")
-    md.append("|---|---|---|---|---|---|---|---|")
-    for rate in rates:
-        for t in targets:
-            s = summary[t][rate]
-            p = s["p"]
-            pn = ng.get(rate, {}).get("p", {}).get("p99")
-            ratio = f"{p['p99'] / pn:.2f}" if (p["p99"] and pn) else "–"
-            ach = f"{s['achieved']:.0f}" if s["achieved"] else "–"
-            md.append(f"| {t} | {rate} | {ach} | {fmt_us(p['p50'])} | {fmt_us(p['p90'])} | "
-                      f"{fmt_us(p['p99'])} | {fmt_us(p['p99.9'])} | {ratio} |")
+    md += latency_table(summary, targets, rates)
     md.append("")
     md.append("Latencies in µs unless marked ms.")
     md.append("")
@@ -215,7 +246,7 @@ def main():
         except OSError:
             pass
     if a.spillway_log:
-        md += spillway_log_lines(a.spillway_log)
+        md += metrics.log_summary(a.spillway_log)
     md.append("")
 
     md += [
@@ -233,26 +264,10 @@ def main():
         "accumulates about 45–60 ticks, so the 2k column is good to a few percent only.",
         "",
     ]
-    with open(a.out_md, "w") as f:
-        f.write("\n".join(md) + "\n")
+    results.write_md(a.out_md, md)
+    write_runs(a.out_raw, runs)  # the medians' inputs
 
-    # Raw per-run table (the medians' inputs).
-    cols = ["round", "target", "kind", "rate", "tool", "requests", "ok", "non2xx", "sock_errors",
-            "rps", "p50", "p90", "p99", "p99.9", "ticks", "cpu_us_per_req"]
-    with open(a.out_raw, "w") as f:
-        f.write("\t".join(cols) + "\n")
-        for r in runs:
-            vals = []
-            for c in cols:
-                v = r["p"].get(c) if c.startswith("p") and c in ("p50", "p90", "p99", "p99.9") else r.get(c)
-                vals.append("" if v is None else (f"{v:.6g}" if isinstance(v, float) else str(v)))
-            f.write("\t".join(vals) + "\n")
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for t, style in zip(TARGETS, ["k--o", "g-o", "g:x", "b-s", "r-^"]):
         if t not in summary:
@@ -266,8 +281,7 @@ def main():
     ax.set_title(f"p99 latency vs rate ({rate_tool}, median of {rounds} rounds)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(a.out_png, dpi=110)
+    plots.save(fig, a.out_png)
     print("\n".join(md))
 
 

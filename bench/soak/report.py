@@ -21,6 +21,11 @@ import sys
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from spillbench import plot as plots, results  # noqa: E402
+from spillbench.stats import slope  # noqa: E402
+from spillbench.wrk import parse_wrk  # noqa: E402
+
 COLUMNS = [
     "t_s", "rss_kb", "fds", "threads", "cpu_ticks", "cpu_pct", "conns_active",
     "req_success", "req_overload", "req_unavailable", "req_cancelled", "req_other",
@@ -119,16 +124,6 @@ def load_rows(path):
     return rows
 
 
-def slope(xs, ys):
-    """Least-squares slope of ys over xs."""
-    n = len(xs)
-    if n < 2:
-        return 0.0
-    mx, my = sum(xs) / n, sum(ys) / n
-    den = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / den if den else 0.0
-
-
 def nearest(rows, t):
     return min(rows, key=lambda r: abs(r["t_s"] - t))
 
@@ -225,26 +220,19 @@ def traffic_lines(traffic, wrk):
     return out
 
 
-def parse_wrk(path, rate):
+def wrk_summary(path, rate):
+    """wrk2's requests and errors (its output file), None when there is none."""
     try:
         text = open(path).read()
     except OSError:
         return None
-    out = {"rate": rate}
-    m = re.search(r"(\d+) requests in", text)
-    out["requests"] = int(m.group(1)) if m else 0
-    m = re.search(r"Non-2xx or 3xx responses:\s*(\d+)", text)
-    out["non2xx"] = int(m.group(1)) if m else 0
-    m = re.search(r"Socket errors: connect (\d+), read (\d+), write (\d+), timeout (\d+)", text)
-    out["sock_errors"] = sum(int(x) for x in m.groups()) if m else 0
-    return out
+    w = parse_wrk(text)
+    return {"rate": rate, "requests": w.get("requests", 0), "non2xx": w["non2xx"],
+            "sock_errors": w["sock_errors"]}
 
 
 def plot(rows, traffic_start, traffic_end, warm, path):
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plots.pyplot()
     t = [r["t_s"] / 60 for r in rows]
     fig, axes = plt.subplots(4, 1, figsize=(9, 10), sharex=True)
     axes[0].plot(t, [r["rss_kb"] / 1024 for r in rows], color="tab:blue")
@@ -276,8 +264,7 @@ def plot(rows, traffic_start, traffic_end, warm, path):
         ax.axvline(traffic_end / 60, color="k", linestyle="--", linewidth=0.8)
         ax.grid(alpha=0.3)
     axes[0].set_title("Spillway soak (lines: traffic starts, warm-up ends (dotted), traffic stops (dashed))")
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    plots.save(fig, path)
 
 
 def report(args):
@@ -285,11 +272,11 @@ def report(args):
     if not rows:
         sys.exit("no samples")
     traffic = json.load(open(args.traffic)) if args.traffic and os.path.exists(args.traffic) else None
-    wrk = parse_wrk(args.wrk, args.wrk_rate) if args.wrk else None
+    wrk = wrk_summary(args.wrk, args.wrk_rate) if args.wrk else None
     # The flatness window and the table's "end" stop one interval before the arrivals end:
     # the sample nearest to the end may already see the traffic wind down.
     warm, end = args.warmup, args.traffic_end - args.interval
-    lines = [open(args.header).read().rstrip(), ""]
+    lines = results.header(args.header)
     lines += ["## Flatness", ""] + flat_lines(rows, warm, end) + [""]
     lines += ["## Samples", "",
               f"Every {args.interval:g} s ({len(rows)} samples in `{args.csv_name}`): the first, the "
@@ -305,8 +292,7 @@ def report(args):
         lines += traffic_lines(traffic, wrk) + [""]
     if args.health:
         lines += ["## Health", "", open(args.health).read().rstrip(), ""]
-    with open(args.out_md, "w") as f:
-        f.write("\n".join(lines) + "\n")
+    results.write_md(args.out_md, lines)
     plot(rows, args.traffic_start, args.traffic_end, warm, args.out_png)
 
 

@@ -24,10 +24,10 @@ import random
 import socket
 import struct
 import sys
-import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "overload"))
-from loadgen import Stream  # noqa: E402  (the overload bench's SSE de-chunker)
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from spillbench.http import Stream, chat_post, is_chunked  # noqa: E402
+from spillbench.loadgen import arrivals, sleep_until, timed  # noqa: E402
 
 KINDS = ("stream", "plain", "abort", "tight", "gone", "bad")
 
@@ -43,13 +43,7 @@ def request(host, port, model, stream, max_tokens, body=None):
             },
             separators=(",", ":"),
         ).encode()
-    head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nhost: {host}:{port}\r\n"
-        f"content-type: application/json\r\n"
-        + ("accept: text/event-stream\r\n" if stream else "")
-        + f"content-length: {len(body)}\r\n\r\n"
-    ).encode()
-    return head + body
+    return chat_post(host, port, body, stream)
 
 
 def requests_by_kind(args):
@@ -72,7 +66,7 @@ async def read_response(reader):
     head = await reader.readuntil(b"\r\n\r\n")
     status = int(head[9:12])
     lower = head.lower()
-    s = Stream(b"transfer-encoding: chunked" in lower)
+    s = Stream(is_chunked(head))
     length = None
     for line in lower.split(b"\r\n"):
         if line.startswith(b"content-length:"):
@@ -95,7 +89,7 @@ async def abort_after(reader, writer, how):
         head = await reader.readuntil(b"\r\n\r\n")
         if int(head[9:12]) != 200:
             return str(int(head[9:12]))
-        s = Stream(b"transfer-encoding: chunked" in head.lower())
+        s = Stream(is_chunked(head))
         while s.tokens < how and not s.done:
             data = await reader.read(65536)
             if not data:
@@ -138,21 +132,13 @@ async def one(args, kind, req, n, counts):
 
 
 async def kind_loop(args, kind, rate, reqs, counts, tasks, t0):
-    loop = asyncio.get_running_loop()
     rng = random.Random(f"{args.seed}-{kind}")
-    t, n = 0.0, 0
-    while True:
-        t += rng.expovariate(rate)
-        if t >= args.duration:
-            return
-        delay = t0 + t - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
+    for n, t in enumerate(arrivals(rng, rate, args.duration)):
+        await sleep_until(t0 + t)
         req = reqs[n % len(reqs)]
         task = asyncio.create_task(one(args, kind, req, n, counts))
         tasks.add(task)
         task.add_done_callback(tasks.discard)
-        n += 1
 
 
 async def progress(args, counts, t0):
@@ -196,16 +182,14 @@ def main():
         p.add_argument(f"--{k}-rate", type=float, default=default)
     p.add_argument("--out", required=True)
     args = p.parse_args()
-    c0 = os.times()
-    counts, rates, wall = asyncio.run(run(args))
-    c1 = os.times()
+    (counts, rates, wall), cpu, _ = timed(run(args))
     summary = {
         "duration_s": args.duration,
         "wall_s": wall,
         "rates": rates,
         "max_tokens": args.max_tokens,
         "counts": counts,
-        "cpu_s": (c1.user - c0.user) + (c1.system - c0.system),
+        "cpu_s": cpu,
     }
     with open(args.out, "w") as f:
         json.dump(summary, f, indent=1)

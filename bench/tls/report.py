@@ -4,26 +4,23 @@
     report.py s_client TARGET FILE   one TSV line: what `openssl s_client` negotiated
     report.py report --raw ...       medians over rounds: Markdown table and PNG
 
-wrk / wrk2 outputs are parsed by bench/proxy/report.py's parser."""
+wrk / wrk2 outputs are parsed by spillbench.wrk (bench/lib)."""
 
 import argparse
-import importlib.util
 import os
 import re
 import sys
 
-# bench/proxy/report.py's wrk parser and helpers (loaded by path: both files are report.py).
-_spec = importlib.util.spec_from_file_location(
-    "proxy_report", os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "proxy", "report.py"))
-_proxy = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(_proxy)
-fmt_us, med = _proxy.fmt_us, _proxy.med
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
+from spillbench import metrics, plot as plots, results, wrk  # noqa: E402
+from spillbench.markdown import fmt, fmt_us, ratio  # noqa: E402
+from spillbench.stats import median as med  # noqa: E402
 
 
 def parse(tool, path):
-    """wrk / wrk2 (bench/proxy/report.py's parser), or tls_connect's key=value line."""
+    """wrk / wrk2 (spillbench.wrk), or tls_connect's key=value line."""
     if tool != "tls_connect":
-        return _proxy.parse(tool, path)
+        return wrk.parse(tool, path)
     try:
         text = open(path).read()
         kv = dict(re.findall(r"(\w+)=(\S+)", text))
@@ -35,8 +32,7 @@ def parse(tool, path):
                 "first_error": (re.search(r"^first_error=(.*)$", text, re.M) or [None, None])[1],
                 "p": {q: int(kv[f"{q}_us"]) * 1e-6 for q in ("p50", "p90", "p99")}}
     except (OSError, ValueError, KeyError) as e:
-        return {"error": f"{type(e).__name__}: {e}", "p": {}, "ok": 0, "requests": 0,
-                "non2xx": 0, "sock_errors": 0}
+        return wrk.failed(e)
 
 TARGETS = ["spillway", "nginx", "haproxy"]
 PEERS = ["nginx", "haproxy"]
@@ -62,38 +58,27 @@ def s_client(target, path):
 
 def load_runs(path, clk):
     runs = []
-    with open(path) as f:
-        header = f.readline().rstrip("\n").split("\t")
-        for line in f:
-            r = dict(zip(header, line.rstrip("\n").split("\t")))
-            for k in ("round", "rate", "ticks", "load_ticks", "client_ticks", "handshakes"):
-                r[k] = int(r[k]) if r[k] not in ("", None) else None
-            r["wall_s"] = float(r["wall_s"])
-            r.update(parse(r["tool"], r["file"]))
-            ok, el = r.get("ok"), r.get("elapsed")
-            r["cpu_us"] = r["ticks"] / clk / ok * 1e6 if ok else None
-            r["busy"] = r["ticks"] / clk / r["wall_s"]
-            r["load_busy"] = r["load_ticks"] / clk / r["wall_s"] if r["load_ticks"] is not None else None
-            r["client_busy"] = (r["client_ticks"] / clk / r["wall_s"]
-                                if r.get("client_ticks") is not None else None)
-            r["client_us"] = r["client_ticks"] / clk / ok * 1e6 if (ok and r.get("client_ticks") is not None) else None
-            r["per_s"] = ok / el if (ok and el) else None
-            if r["handshakes"] is not None and ok:
-                # nginx's count is of accepted connections, the status query's own included.
-                hs = r["handshakes"] - (1 if r["target"] == "nginx" else 0)
-                r["hs_per_req"] = hs / ok
-            else:
-                r["hs_per_req"] = None
-            runs.append(r)
+    for r in results.read_tsv(path):
+        for k in ("round", "rate", "ticks", "load_ticks", "client_ticks", "handshakes"):
+            r[k] = int(r[k]) if r[k] not in ("", None) else None
+        r["wall_s"] = float(r["wall_s"])
+        r.update(parse(r["tool"], r["file"]))
+        ok, el = r.get("ok"), r.get("elapsed")
+        r["cpu_us"] = r["ticks"] / clk / ok * 1e6 if ok else None
+        r["busy"] = r["ticks"] / clk / r["wall_s"]
+        r["load_busy"] = r["load_ticks"] / clk / r["wall_s"] if r["load_ticks"] is not None else None
+        r["client_busy"] = (r["client_ticks"] / clk / r["wall_s"]
+                            if r.get("client_ticks") is not None else None)
+        r["client_us"] = r["client_ticks"] / clk / ok * 1e6 if (ok and r.get("client_ticks") is not None) else None
+        r["per_s"] = ok / el if (ok and el) else None
+        if r["handshakes"] is not None and ok:
+            # nginx's count is of accepted connections, the status query's own included.
+            hs = r["handshakes"] - (1 if r["target"] == "nginx" else 0)
+            r["hs_per_req"] = hs / ok
+        else:
+            r["hs_per_req"] = None
+        runs.append(r)
     return runs
-
-
-def fmt(x, spec=".1f", none="–"):
-    return none if x is None else format(x, spec)
-
-
-def ratio(x, y):
-    return f"{x / y:.2f}" if (x is not None and y) else "–"
 
 
 def summarize(runs, targets, rates):
@@ -149,7 +134,7 @@ def report(a):
     summary = summarize(runs, targets, rates)
     tick_us = 1e6 / a.clk_tck
 
-    md = [open(a.header).read().rstrip(), ""]
+    md = results.header(a.header)
     md.append(f"Medians over {rounds} rounds; targets interleaved within each round "
               f"({', '.join(targets)}, then the next round).")
     md.append("")
@@ -315,7 +300,7 @@ def report(a):
         except OSError:
             pass
     if a.spillway_log:
-        md += _proxy.spillway_log_lines(a.spillway_log)
+        md += metrics.log_summary(a.spillway_log)
     md.append("")
 
     md += [
@@ -349,19 +334,14 @@ def report(a):
         "is included. nginx's figures include its master process (idle).",
         "",
     ]
-    with open(a.out_md, "w") as f:
-        f.write("\n".join(md) + "\n")
+    results.write_md(a.out_md, md)
 
     plot(a, summary, targets, rates, rounds, hs_tool)
     print("\n".join(md))
 
 
 def plot(a, summary, targets, rates, rounds, hs_tool):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = plots.pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4.2))
     xs = range(len(targets))
     vals = [summary[t]["hs"]["per_s"] or 0 for t in targets]
@@ -403,8 +383,7 @@ def plot(a, summary, targets, rates, rounds, hs_tool):
     ax2.legend(fontsize=8)
     fig.suptitle(f"TLS termination on one core, median of {rounds} rounds (bars: min–max)",
                  fontsize=10)
-    fig.tight_layout()
-    fig.savefig(a.out_png, dpi=110)
+    plots.save(fig, a.out_png)
 
 
 def main():

@@ -3,9 +3,10 @@
 the config files they read. No weights: the mocker only needs the tokenizer (to count
 prompt tokens and to detokenize the random token ids it generates) and the model card.
 
-  dynamo_model.py DIR [--vocab 4096]
+  python -m spillbench.dynamo_model DIR [--vocab 4096]   (Dynamo's venv: it needs tokenizers)
 
-The vocabulary holds the load generator's filler words and w0 … wN, so every id the
+For bench/overload/dynamo.sh and bench/prefix/dynamo.sh. The vocabulary holds the single-
+prompt load generator's filler words (spillbench.loadgen) and w0 … wN, so every id the
 mocker may sample (it draws ids up to a few thousand) decodes to a non-empty word; with a
 smaller vocabulary replies come back empty and the load generator counts no tokens.
 """
@@ -17,7 +18,7 @@ import os
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
 SPECIAL = ["<unk>", "<s>", "</s>", "<pad>"]
-# The words loadgen.py puts in prompts, and the chat template's role markers.
+# The words spillbench.loadgen puts in prompts, and the chat template's role markers.
 WORDS = ["lorem", "ipsum", "dolor", "sit", "amet", "consectetur", "user", "assistant",
          "system", ":"]
 
