@@ -37,7 +37,7 @@ pub(super) async fn serve(ctx: Rc<CoreCtx>, stream: TcpStream, peer: SocketAddr,
     let _connection = Connection::adopt(&ctx);
     let _ = stream.set_nodelay(true);
     let (half, writer) = if tls {
-        match super::tls::handshake(&ctx, stream, peer).await {
+        match super::handshake::handshake(&ctx, stream, peer).await {
             Some(halves) => halves,
             None => return,
         }

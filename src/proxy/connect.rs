@@ -16,7 +16,7 @@ use super::error::AttemptError;
 use crate::http::Limits;
 use crate::runtime::clock;
 use crate::runtime::stream::Upstream;
-use crate::runtime::tls::{handshake, split};
+use crate::runtime::tls_io::{handshake, split};
 use crate::state::Worker;
 use crate::state::counters::add;
 

@@ -13,7 +13,7 @@
 //! answers), `log` (the access log's hooks), `guards` (what gives capacity back on drop),
 //! `keeper` (the core's once-a-second and on-watch task), `core` (what a core owns),
 //! `pool` (kept-alive upstream connections), `park` (idle client connections without
-//! buffers), `peer`, `tls` (the listener's handshake), `watch` (waiting while the client
+//! buffers), `peer`, `handshake` (a TLS listener's handshake), `watch` (waiting while the client
 //! is watched) and `error` (the errors of the client and upstream boundaries).
 
 mod accept;
@@ -28,6 +28,7 @@ mod error;
 mod exchange;
 mod forward;
 mod guards;
+mod handshake;
 mod head;
 mod keeper;
 mod log;
@@ -39,7 +40,6 @@ mod relay;
 mod request;
 mod response;
 mod session;
-mod tls;
 mod watch;
 
 pub use accept::{Listener, run};

@@ -10,7 +10,7 @@ pub mod reader;
 pub mod resolve;
 pub mod stalls;
 pub mod stream;
-pub mod tls;
+pub mod tls_io;
 
 use std::io;
 

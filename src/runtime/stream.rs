@@ -1,7 +1,7 @@
 //! The data path's streams, plain TCP or TLS: a client connection's two halves, and a
 //! worker connection ([`Upstream`]). With TLS each read opens the records it brought in
 //! (into the caller's buffer) and each write seals its bytes first
-//! ([`crate::runtime::tls`]). An upstream connection carries the watch that keeps it
+//! ([`crate::runtime::tls_io`]). An upstream connection carries the watch that keeps it
 //! from being reused after anything arrived while it was idle.
 
 use std::io;
@@ -16,7 +16,7 @@ use socket2::{Domain, Protocol, Socket, Type};
 
 use super::idle_watch::IdleWatch;
 
-use super::tls::{Rx, Tx};
+use super::tls_io::{Rx, Tx};
 
 /// The longest a closing TLS connection waits to write its close_notify.
 pub const CLOSE_NOTIFY_WAIT: std::time::Duration = std::time::Duration::from_secs(1);

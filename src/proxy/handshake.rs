@@ -13,8 +13,8 @@ use super::core::CoreCtx;
 use crate::config::DEFAULT_HANDSHAKE_TIMEOUT_MS;
 use crate::http::canned::{messages, write_error};
 use crate::runtime::stream::{ClientRead, ClientWrite};
-use crate::runtime::tls::handshake::{self, HandshakeError};
-use crate::runtime::tls::split;
+use crate::runtime::tls_io::handshake::{self, HandshakeError};
+use crate::runtime::tls_io::split;
 use crate::state::counters::add;
 
 /// The connection's halves once the handshake is done; `None`: it failed (and closed).
