@@ -3,7 +3,8 @@
 //! Modules in layers; each imports only from the layers below it (checked by
 //! `tests/architecture.rs`, drawn in ARCHITECTURE.md):
 //! 1. decision code, pure: [`http`] (sans-io codec), [`shed`] (busy rule), [`admission`]
-//!    (engine slots and queue), [`route`] (model scan, router modes);
+//!    (engine slots and queue), [`route`] (model scan, router modes), [`health`]
+//!    (outlier ejection, check rise and fall);
 //! 2. [`config`]: the file and its validation; [`tls`]: rustls configurations from it, and
 //!    the record layer that takes over after each handshake;
 //! 3. [`state`]: what the threads share (snapshot, busy set, per-worker atomics, counters);
@@ -18,6 +19,7 @@
 #![forbid(unsafe_code)]
 
 pub mod admission;
+pub mod health;
 pub mod http;
 pub mod route;
 pub mod shed;

@@ -14,7 +14,8 @@ const ORDER: &[&str] = &[
     "http",      // decision code: the HTTP/1.1 codec,
     "shed",      // the busy rule,
     "admission", // the admission gate,
-    "route",     // the router
+    "route",     // the router,
+    "health",    // outlier ejection and checks
     "config",    // the file and its validation
     "tls",       // rustls material, the record layer
     "state",     // shared state
@@ -34,6 +35,7 @@ const DECISION: &[&str] = &[
     "shed",
     "admission",
     "route",
+    "health",
     "monitor/load.rs",
     "monitor/evaluate.rs",
 ];

@@ -111,9 +111,12 @@ fn route(control: &RefCell<Control>, req: &Request<'_>) -> Result<Reply, AdminEr
         (Method::Delete, b"/busy_threshold") => thresholds::delete(&mut control.borrow_mut(), req),
         (Method::Post, b"/load") => push_load(&mut control.borrow_mut(), req),
         (Method::Get, b"/load") => Ok(load_state(&control.borrow())),
-        (_, b"/health" | b"/live" | b"/metrics" | b"/busy_threshold" | b"/load" | b"/reload") => {
-            Err(AdminError::MethodNotAllowed)
-        }
+        (Method::Get, b"/workers") => Ok(workers(&control.borrow())),
+        (
+            _,
+            b"/health" | b"/live" | b"/metrics" | b"/busy_threshold" | b"/load" | b"/reload"
+            | b"/workers",
+        ) => Err(AdminError::MethodNotAllowed),
         _ => Err(AdminError::NotFound("Not found".into())),
     }
 }
@@ -144,6 +147,17 @@ fn load_state(control: &Control) -> Reply {
     Reply::json(
         200,
         &serde_json::json!({ "generation": generation, "workers": workers }),
+    )
+}
+
+/// `GET /workers`: each worker's health (docs/behaviour.md §22.8).
+fn workers(control: &Control) -> Reply {
+    let snap = control.shared.snapshot.load_full();
+    let workers = control.monitor.health.view(&snap);
+    let generation = control.monitor.published().generation;
+    Reply::json(
+        200,
+        &serde_json::json!({ "generation": generation, "now_ms": clock::now_ms(), "workers": workers }),
     )
 }
 

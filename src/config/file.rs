@@ -22,6 +22,10 @@ pub struct FileConfig {
     pub scrape_interval_ms: Option<Spanned<u64>>,
     pub monitor_interval_ms: Option<Spanned<u64>>,
     pub migration_limit: Option<u32>,
+    pub retry_budget_percent: Option<Spanned<u32>>,
+    pub retry_budget_min: Option<u32>,
+    pub outlier: Option<FileOutlier>,
+    pub health_check: Option<FileHealthCheck>,
     pub drain_grace_ms: Option<u64>,
     pub drain_timeout_ms: Option<u64>,
     pub admin_token: Option<Spanned<String>>,
@@ -32,6 +36,32 @@ pub struct FileConfig {
     pub access_log: Option<FileAccessLog>,
     #[serde(default)]
     pub models: Vec<FileModel>,
+}
+
+/// `[outlier]`: passive outlier detection.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileOutlier {
+    pub enabled: Option<bool>,
+    pub consecutive_failures: Option<Spanned<u32>>,
+    pub base_ejection_ms: Option<Spanned<u64>>,
+    pub max_ejection_ms: Option<Spanned<u64>>,
+    pub min_healthy_percent: Option<Spanned<u32>>,
+    pub interval_ms: Option<Spanned<u64>>,
+    pub failure_share_above_peers: Option<Spanned<f64>>,
+    pub request_volume: Option<u64>,
+}
+
+/// `[health_check]`, or a model's `[models.health_check]`: active checks.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileHealthCheck {
+    pub kind: Option<Spanned<String>>,
+    pub path: Option<Spanned<String>>,
+    pub interval_ms: Option<Spanned<u64>>,
+    pub timeout_ms: Option<Spanned<u64>>,
+    pub rise: Option<Spanned<u32>>,
+    pub fall: Option<Spanned<u32>>,
 }
 
 /// `[tls]`: the TLS listener's certificate, client certificates, the workers' CA.
@@ -141,6 +171,7 @@ pub struct FileModel {
     pub adaptive_ttft_ms: Option<Spanned<f64>>,
     pub adaptive_min_scale: Option<Spanned<f64>>,
     pub adaptive_max_scale: Option<Spanned<f64>>,
+    pub health_check: Option<FileHealthCheck>,
     #[serde(default)]
     pub workers: Vec<FileWorker>,
     pub dns: Option<FileDns>,

@@ -8,6 +8,7 @@ pub mod addr;
 mod classes;
 mod discovery;
 pub mod file;
+mod health;
 mod kv;
 mod tls;
 mod validate;
@@ -26,6 +27,7 @@ pub use discovery::{
     Capacity, DEFAULT_DNS_INTERVAL_MS, Discovery, DiscoverySource, Found, NatsConfig,
 };
 use file::FileConfig;
+pub use health::RetryBudget;
 pub use kv::{KV_EVENTS, KvOverrides, MAX_KV_BLOCK_SIZE, check_overrides as check_kv_overrides};
 pub use tls::{DEFAULT_HANDSHAKE_TIMEOUT_MS, TlsConfig, TlsListener};
 
@@ -133,6 +135,10 @@ pub struct Config {
     pub monitor_interval_ms: u64,
     /// Times a refused request may move to another worker (0 = never).
     pub migration_limit: u32,
+    /// How many failed attempts may be retried at once.
+    pub retry_budget: RetryBudget,
+    /// `[outlier]`: passive outlier detection.
+    pub outlier: crate::health::OutlierSettings,
     /// After SIGTERM: health answers 503 at once, listeners close after the grace, and
     /// requests in flight get up to the timeout to finish.
     pub drain_grace_ms: u64,
@@ -169,6 +175,8 @@ pub struct ModelConfig {
     pub workers: Vec<usize>,
     /// Where more workers are found at run time (`[models.dns]`, `[models.etcd]`).
     pub discovery: Option<Discovery>,
+    /// Active checks of its workers: its `[models.health_check]`, else `[health_check]`.
+    pub health_check: Option<crate::health::CheckSettings>,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

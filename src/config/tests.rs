@@ -241,3 +241,70 @@ fn url_credentials_are_refused_without_showing_them() {
         assert!(!e.contains("s3cr3t"), "{e}");
     }
 }
+
+/// Issue 28: `[outlier]`, `[health_check]` and the retry budget, defaults and errors.
+#[test]
+fn health_settings_defaults_overrides_and_errors() {
+    let c = parse(MIN).unwrap();
+    assert_eq!(c.outlier, crate::health::OutlierSettings::default());
+    assert_eq!(
+        c.models[0].health_check, None,
+        "checks are off unless written"
+    );
+    assert_eq!((c.retry_budget.percent, c.retry_budget.min), (20, 3));
+    let text = format!(
+        "[health_check]\ninterval_ms = 500\n{MIN}[[models]]\nname = \"n\"\n[models.health_check]\nkind = \"none\"\n[[models.workers]]\nurl = \"http://127.0.0.1:8002\"\n"
+    );
+    let c = parse(&text).unwrap();
+    let checks = c.models[0].health_check.clone().unwrap();
+    assert_eq!(
+        (
+            checks.path.as_str(),
+            checks.interval_ms,
+            checks.rise,
+            checks.fall
+        ),
+        ("/health", 500, 2, 3)
+    );
+    assert_eq!(
+        c.models[1].health_check, None,
+        "kind = none turns a model's checks off"
+    );
+    let cases: &[(&str, &str)] = &[
+        (
+            "[health_check]\nkind = \"tcp\"\n",
+            "health_check.kind (line 2): unknown check kind `tcp` (expected one of: http, canary, none)",
+        ),
+        (
+            "[health_check]\npath = \"health\"\n",
+            "health_check.path (line 2): must start with `/`",
+        ),
+        (
+            "[health_check]\nrise = 0\n",
+            "health_check.rise (line 2): must be greater than 0",
+        ),
+        (
+            "[outlier]\nmin_healthy_percent = 101\n",
+            "outlier.min_healthy_percent (line 2): must be between 0 and 100",
+        ),
+        (
+            "[outlier]\nbase_ejection_ms = 5000\nmax_ejection_ms = 1000\n",
+            "outlier.max_ejection_ms (line 3): must be at least base_ejection_ms (5000)",
+        ),
+        (
+            "[outlier]\nfailure_share_above_peers = 0.0\n",
+            "outlier.failure_share_above_peers (line 2): must be above 0 and at most 1",
+        ),
+        (
+            "retry_budget_percent = 150\n",
+            "retry_budget_percent (line 1): must be between 0 and 100",
+        ),
+    ];
+    for (text, want) in cases {
+        let err = parse(&format!("{text}{MIN}")).unwrap_err().to_string();
+        assert!(err.contains(want), "{text:?}: {err}");
+    }
+    let https = "[health_check]\n[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"https://127.0.0.1:8443\"\n";
+    let err = parse(https).unwrap_err().to_string();
+    assert!(err.contains("health checks speak plain HTTP"), "{err}");
+}

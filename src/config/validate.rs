@@ -68,7 +68,8 @@ impl<'a> Validator<'a> {
 
     pub(super) fn config(&self, f: FileConfig, o: &Overrides) -> Result<Config, ConfigError> {
         let (cores, cpus) = self.cores(&f)?;
-        let (models, workers) = self.models(&f.models, o)?;
+        let (mut models, workers) = self.models(&f.models, o)?;
+        self.resolve_checks(&f, &mut models, &workers)?;
         Ok(Config {
             listen: self.host_port("listen", &f.listen, DEFAULT_LISTEN)?,
             admin_listen: self.host_port("admin_listen", &f.admin_listen, DEFAULT_ADMIN_LISTEN)?,
@@ -97,6 +98,8 @@ impl<'a> Validator<'a> {
                 .migration_limit
                 .or(o.migration_limit)
                 .unwrap_or(DEFAULT_MIGRATION_LIMIT),
+            retry_budget: self.retry_budget(&f)?,
+            outlier: self.outlier(&f.outlier)?,
             drain_grace_ms: f.drain_grace_ms.unwrap_or(DEFAULT_DRAIN_GRACE_MS),
             drain_timeout_ms: f.drain_timeout_ms.unwrap_or(DEFAULT_DRAIN_TIMEOUT_MS),
             admin_token: self.admin_token(&f, o)?,

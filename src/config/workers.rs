@@ -149,6 +149,7 @@ impl Validator<'_> {
             adaptive: self.adaptive(&key, m, &thresholds)?,
             workers: members,
             discovery,
+            health_check: None,
         })
     }
 

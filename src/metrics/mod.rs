@@ -6,6 +6,7 @@
 mod families;
 mod fleet;
 mod frontend;
+mod health;
 mod kv;
 mod process;
 
@@ -35,6 +36,7 @@ pub fn render(control: &Control) -> Vec<u8> {
     kv::families(&mut f, &snap, clock::now_ms());
     process::families(&mut f, control, &snap, clock::now_ms());
     fleet::families(&mut f, control);
+    health::families(&mut f, control, &snap);
     f.encode()
 }
 

@@ -194,6 +194,13 @@ impl Control {
         self.monitor.publish(&self.shared, &snap, now)
     }
 
+    /// A check changed a worker's health: publishes it at once.
+    pub fn publish_health(&mut self) -> bool {
+        let snap = self.shared.snapshot.load_full();
+        self.monitor
+            .publish_health(&self.shared, &snap, clock::now_ms())
+    }
+
     /// The monitor's tick: publishes what changed by itself since the last evaluation
     /// ([`Monitor::publish_due`]).
     pub fn tick(&mut self) -> bool {

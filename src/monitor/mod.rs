@@ -4,6 +4,7 @@
 //! handlers act on; `tasks` are its timers. `load` and `scrape::parse` are pure.
 
 mod adaptive;
+pub mod checks;
 mod control;
 mod discover;
 pub mod evaluate;
@@ -11,6 +12,7 @@ mod event;
 mod fanout;
 mod fleet;
 mod generation;
+pub mod health;
 pub mod load;
 pub mod peers;
 mod report;
@@ -56,6 +58,8 @@ pub struct Monitor {
     tracked: (u64, Vec<usize>),
     /// What peer replicas routed (`[nats] replica_sync`), folded in with the tracked load.
     pub peers: peers::PeerLoads,
+    /// Worker health: outlier ejection and check results.
+    pub health: health::HealthTable,
 }
 
 fn file_thresholds(snap: &Snapshot) -> HashMap<String, Thresholds> {
@@ -82,6 +86,7 @@ impl Monitor {
             slot_index: (0, SlotMap::default()),
             tracked: (0, Vec::new()),
             peers: peers::PeerLoads::default(),
+            health: health::HealthTable::default(),
         }
     }
 
@@ -218,13 +223,14 @@ impl Monitor {
     /// published.
     pub fn publish_due(&mut self, shared: &Shared, snap: &Snapshot, now: u64) -> bool {
         self.publish_loads(snap, now);
+        let health = self.health.pass(snap, now, &mut self.scratch);
         let rule = evaluate::Rule {
             thresholds: &self.thresholds,
             adaptivity: &self.adaptivity,
             latches: &mut self.latches,
             recheck: &mut self.recheck,
         };
-        if !evaluate::evaluate_due(snap, &self.table, rule, now, &mut self.scratch) {
+        if !evaluate::evaluate_due(snap, &self.table, rule, now, &mut self.scratch) && !health {
             return false;
         }
         self.store(shared);
@@ -260,6 +266,16 @@ impl Monitor {
             slots,
             index,
         ) {
+            return false;
+        }
+        self.store(shared);
+        true
+    }
+
+    /// Publishes the health bits alone, when a check changed a worker's health. Returns
+    /// whether it published.
+    pub fn publish_health(&mut self, shared: &Shared, snap: &Snapshot, now: u64) -> bool {
+        if !self.health.pass(snap, now, &mut self.scratch) {
             return false;
         }
         self.store(shared);

@@ -212,7 +212,7 @@ pub async fn fetch(
 /// One HTTP/1.1 exchange on a fresh connection: writes `request` (a whole request that
 /// asks for `connection: close`) and returns the status and the de-chunked body, at most
 /// [`MAX_METRICS_BODY`]. The caller bounds it in time.
-async fn exchange(addr: SocketAddr, request: Vec<u8>) -> Result<(u16, Vec<u8>), String> {
+pub(super) async fn exchange(addr: SocketAddr, request: Vec<u8>) -> Result<(u16, Vec<u8>), String> {
     let mut stream = monoio::net::TcpStream::connect_addr(addr)
         .await
         .map_err(|e| format!("connect: {e}"))?;

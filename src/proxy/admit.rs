@@ -44,8 +44,8 @@ pub(super) async fn admit<'w>(
         Ok(()) => Ok(Some(ticket)),
         Err(Interrupt::ClientGone) => Err(AttemptError::ClientGone),
         // The deadline and the turn can come together: a ready ticket goes ahead.
-        Err(Interrupt::Timeout) if ticket.is_ready() => Ok(Some(ticket)),
-        Err(Interrupt::Timeout) => {
+        Err(Interrupt::Timeout | Interrupt::Abandoned) if ticket.is_ready() => Ok(Some(ticket)),
+        Err(Interrupt::Timeout | Interrupt::Abandoned) => {
             gate.count_refusal();
             let (running, _) = gate.occupancy();
             let share = gate.class_limit(class);

@@ -1,8 +1,8 @@
 //! One attempt on one worker, in stage order: admit at its gate → connect or reuse and
 //! send → read the response head (once more on a fresh connection when a reused one was
-//! closed before any byte) → (a refusal ends the attempt here) → relay the body → give the
-//! connection back to the pool, watched. Guards give back the slot and the tracked load
-//! on every path.
+//! closed before any byte) → (a refusal ends the attempt here, and so does a 5xx when
+//! another worker may retry it) → relay the body → give the connection back to the pool,
+//! watched. Guards give back the slot and the tracked load on every path.
 
 use super::admit::admit;
 use super::connect::{connect_and_send, retry_fresh};
@@ -11,7 +11,7 @@ use super::error::AttemptError;
 use super::exchange::Exchange;
 use super::guards::{InStage, Tracked};
 use super::relay::relay;
-use super::response::{read_response_head, refusal};
+use super::response::{HungWatch, failed, read_response_head, refusal};
 use crate::http::response::ResponseHead;
 use crate::http::write::ClientFraming;
 use crate::runtime::clock;
@@ -25,12 +25,15 @@ pub(super) struct Done {
     pub status: u16,
 }
 
+/// One attempt. `may_retry` (asked only on a 5xx head): the head is dropped for a retry
+/// elsewhere rather than relayed.
 pub(super) async fn attempt(
     ctx: &CoreCtx,
     ex: &mut Exchange<'_, '_>,
     worker: &Worker,
     cached_tokens: u64,
     stage: &mut InStage<'_>,
+    may_retry: impl Fn() -> bool,
 ) -> Result<Done, AttemptError> {
     let limits = &ex.req.snap.config.limits;
     let waited = clock::now();
@@ -50,18 +53,28 @@ pub(super) async fn attempt(
         block_size,
     );
     let mut resp = ResponseHead::default();
-    match read_response_head(ex, &mut sent.stream, limits, &mut resp).await {
+    let model = ex.req.model;
+    let hung = (model.check_interval_ms).map(|ms| HungWatch::new(ctx, worker, model.id, ms));
+    match read_response_head(ex, &mut sent.stream, limits, &mut resp, hung.as_ref()).await {
         // The worker had closed the pooled connection: once more, on a fresh one.
         Err(AttemptError::Hangup) if sent.reused => {
             let why = "closed before responding";
             sent = retry_fresh(ctx, worker, &mut ex.io.to_worker, limits, why).await?;
-            read_response_head(ex, &mut sent.stream, limits, &mut resp).await?;
+            read_response_head(ex, &mut sent.stream, limits, &mut resp, hung.as_ref()).await?;
         }
         head => head?,
     }
     stage.set(None);
-    if let Some(r) = refusal(resp.status, ex.req.snap.config.overload_status_code) {
+    if hung.is_some() {
+        let answered = &worker.state.tracked[ctx.id].answered_ms;
+        answered.store(clock::now_ms(), std::sync::atomic::Ordering::Relaxed);
+    }
+    let overload = ex.req.snap.config.overload_status_code;
+    if let Some(r) = refusal(resp.status, overload) {
         return Err(AttemptError::Refused(r, None));
+    }
+    if failed(resp.status, overload) && may_retry() {
+        return Err(AttemptError::WorkerFailed(resp.status));
     }
     let cells = &ex.req.model.metrics.cores[ctx.id];
     let mut stream = sent.stream;

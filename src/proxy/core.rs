@@ -43,6 +43,10 @@ pub struct CoreCtx {
     /// Per worker slot: the busy-set generation and the prefill tokens this core routed
     /// to the worker since that set was published (see `shed::PrefillRoom`).
     routed: RefCell<Vec<(u64, u64)>>,
+    /// Per worker slot: attempts that failed on this core lately, halved each second
+    /// since the last (count, at ms): routers weigh them as load, so a worker that fails
+    /// fast never looks idle.
+    failures: RefCell<Vec<(u32, u64)>>,
     pub busy: RefCell<arc_swap::Cache<Arc<ArcSwap<BusySet>>, Arc<BusySet>>>,
     snapshot: RefCell<SnapshotCache>,
     /// Requests being served on this core (a drain waits for zero).
@@ -84,6 +88,7 @@ impl CoreCtx {
             rng: RefCell::new(Rng::new(seed)),
             rr: RefCell::new(Vec::new()),
             routed: RefCell::new(Vec::new()),
+            failures: RefCell::new(Vec::new()),
             busy: RefCell::new(busy),
             snapshot: RefCell::new(SnapshotCache { cache, current }),
             active_requests: Cell::new(0),
@@ -150,6 +155,26 @@ impl CoreCtx {
             Some(&(g, tokens)) if g == generation => tokens,
             _ => 0,
         }
+    }
+
+    /// Recent failures of the worker in `slot` on this core, halved for each second since
+    /// the last one.
+    #[inline]
+    pub fn failure_penalty(&self, slot: usize, now_ms: u64) -> u32 {
+        match self.failures.borrow().get(slot) {
+            Some(&(n, at)) if n > 0 => n >> (now_ms.saturating_sub(at) / 1_000).min(31),
+            _ => 0,
+        }
+    }
+
+    /// Counts a failed attempt on the worker in `slot`.
+    pub fn note_failure(&self, slot: usize, now_ms: u64) {
+        let now_count = self.failure_penalty(slot, now_ms);
+        let mut failures = self.failures.borrow_mut();
+        if failures.len() <= slot {
+            failures.resize(slot + 1, (0, 0));
+        }
+        failures[slot] = (now_count.saturating_add(1).min(1 << 16), now_ms);
     }
 
     /// Counts `tokens` of prefill routed to the worker in `slot` under busy-set

@@ -14,7 +14,7 @@ use crate::http::canned::{ErrorAnswer, Field, messages, write_error};
 use crate::route::peek::PeekError;
 use crate::shed::{Class, Knob, Why};
 use crate::state::Snapshot;
-use crate::state::counters::{MigrationReason, Outcome};
+use crate::state::counters::{MigrationReason, Outcome, RetryReason};
 
 /// A worker-local refusal (docs/behaviour.md §1.12, §9.1): the request may move to another worker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,6 +83,9 @@ pub enum RequestError {
     DirectUnknownWorker,
     BadGateway(&'static str),
     GatewayTimeout,
+    /// The worker answered this 5xx and the request was retried, but no other worker
+    /// could take it (docs/behaviour.md §22.5).
+    WorkerFailed(u16),
 }
 
 impl RequestError {
@@ -98,6 +101,7 @@ impl RequestError {
             Unavailable => 503,
             BadGateway(_) => 502,
             GatewayTimeout => 504,
+            WorkerFailed(status) => *status,
         }
     }
 
@@ -110,7 +114,7 @@ impl RequestError {
             Framing(_) | BadBody(_) | MissingModel | DirectMissingHeader => Outcome::Validation,
             MethodNotAllowed { .. } => Outcome::Validation,
             NotFound | UnknownModel | DirectUnknownWorker => Outcome::NotFound,
-            BadGateway(_) => Outcome::Internal,
+            BadGateway(_) | WorkerFailed(_) => Outcome::Internal,
             GatewayTimeout => Outcome::ResponseTimeout,
         }
     }
@@ -249,6 +253,10 @@ impl RequestError {
             DirectUnknownWorker => "Worker not found".into(),
             BadGateway(why) => (*why).into(),
             GatewayTimeout => "The worker did not respond in time".into(),
+            WorkerFailed(status) => format!(
+                "The worker failed the request (status {status}) and no other worker could take it"
+            )
+            .into(),
             NotFound => messages::NOT_FOUND.into(),
             UnknownModel => messages::MODEL_NOT_FOUND.into(),
             Overloaded(_) => messages::OVERLOADED.into(),
@@ -278,6 +286,11 @@ pub enum AttemptError {
     Hangup,
     /// The request may have reached the engine but no usable response came back.
     BadGateway(&'static str),
+    /// The worker answered this 5xx (not a refusal) and a retry may follow: the
+    /// response was dropped unread.
+    WorkerFailed(u16),
+    /// The worker was found hung while the request waited for its head.
+    Stalled,
     /// The response broke after bytes reached the client: nothing left but to close.
     Broken(Outcome),
 }
@@ -286,6 +299,32 @@ impl AttemptError {
     /// Another worker may take the request: nothing reached an engine that works on it.
     pub fn another_worker_may_try(&self) -> bool {
         matches!(self, AttemptError::Refused(..) | AttemptError::Unreachable)
+    }
+
+    /// Why another worker may try the request again although this one may have worked
+    /// on it: nothing reached the client, and the worker failed (docs/behaviour.md §22.5).
+    pub fn retry_reason(&self) -> Option<RetryReason> {
+        match self {
+            AttemptError::WorkerFailed(_) => Some(RetryReason::Status5xx),
+            AttemptError::Hangup => Some(RetryReason::Reset),
+            AttemptError::Timeout => Some(RetryReason::HeadTimeout),
+            AttemptError::Stalled => Some(RetryReason::Stalled),
+            AttemptError::BadGateway(_) => Some(RetryReason::Malformed),
+            _ => None,
+        }
+    }
+
+    /// What the attempt says of its worker's health: `Some(connect)` a failure (a failed
+    /// connect or another), `None` nothing (a refusal, the client's doing).
+    pub fn failure(&self) -> Option<bool> {
+        match self {
+            AttemptError::Unreachable => Some(true),
+            AttemptError::Refused(..)
+            | AttemptError::ClientGone
+            | AttemptError::ClientSendTimeout => None,
+            AttemptError::Broken(o) => (*o != Outcome::Cancelled).then_some(false),
+            _ => Some(false),
+        }
     }
 
     pub fn status(&self, overload: u16) -> Option<u16> {
@@ -316,6 +355,8 @@ impl AttemptError {
             AttemptError::Hangup => Some(RequestError::BadGateway(
                 "the worker closed the connection before responding",
             )),
+            AttemptError::WorkerFailed(status) => Some(RequestError::WorkerFailed(status)),
+            AttemptError::Stalled => Some(RequestError::GatewayTimeout),
             AttemptError::ClientGone
             | AttemptError::ClientSendTimeout
             | AttemptError::Broken(_) => None,

@@ -1,21 +1,26 @@
 //! Stage: forward one request to a worker of its model. Pick a worker, attempt it; when
 //! the attempt fails in a retry-safe way, try another: a connect failure fails over (the
-//! worker is marked down), a worker-local refusal migrates (up to `migration_limit`,
-//! never back to a worker that refused). Counts the outcome once at the end.
+//! worker is marked down), a worker-local refusal migrates, a worker's failure before
+//! any response byte reached the client retries within the model's retry budget (both
+//! up to `migration_limit`, never back to a worker that refused or failed). Each
+//! attempt's outcome is counted for its worker's health; the request's once at the end.
 
 use super::attempt::{Done, attempt};
 use super::core::CoreCtx;
 use super::error::{AttemptError, Refusal, RequestError};
 use super::exchange::{Exchange, Outbound};
-use super::guards::{InStage, Inflight};
+use super::guards::{InStage, Inflight, RetryPlace};
 use super::log::ClosedBy;
 use super::pick::{Excluded, pick};
+use super::response::failed;
 use crate::http::limits::{INITIAL_READ_BUF, MAX_WORKER_ID_LEN};
 use crate::route::RouterMode;
 use crate::runtime::clock;
 use crate::shed::{Knob, Why};
-use crate::state::Worker;
-use crate::state::counters::{DURATION_BUCKETS, ISL_BUCKETS, Outcome, Stage, add};
+use crate::state::counters::{
+    DURATION_BUCKETS, ISL_BUCKETS, ModelCore, Outcome, RetryReason, Stage, add,
+};
+use crate::state::{Model, Snapshot, Worker};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Forwarded {
@@ -130,13 +135,41 @@ fn detach(ex: &mut Exchange<'_, '_>) -> WorkerId {
 
 /// Where a request stands after the attempts so far.
 #[derive(Default)]
-struct Tries {
+struct Tries<'m> {
     excluded: Excluded,
+    /// Migrations and retries so far (`migration_limit` bounds both).
     migrations: u32,
     /// The last worker-local refusal that was not a 503, and its figures.
     last_refusal: Option<(Refusal, Option<Why>)>,
     /// `dynamo_frontend_cached_tokens` takes the first `kv` pick only.
     cached_observed: bool,
+    /// The place in the model's retry budget, from the first retry on.
+    retry: Option<RetryPlace<'m>>,
+    /// The last failure retried: the client's answer when no worker is left to try.
+    last_failure: Option<AttemptError>,
+}
+
+impl Tries<'_> {
+    /// Whether a failed attempt could be retried: the limit not spent, not direct, and
+    /// room in the budget (or a place held already). No room is counted on `cells`.
+    fn may_retry(&self, snap: &Snapshot, model: &Model, cells: &ModelCore) -> bool {
+        let config = &snap.config;
+        if self.migrations >= config.migration_limit || model.router_mode == RouterMode::Direct {
+            return false;
+        }
+        let allowed = || config.retry_budget.allowed(model.metrics.inflight());
+        let running = || {
+            model
+                .metrics
+                .retries_running
+                .load(std::sync::atomic::Ordering::Relaxed)
+        };
+        let room = self.retry.is_some() || running() < allowed();
+        if !room {
+            cells.retry_refused();
+        }
+        room
+    }
 }
 
 /// Picks and attempts workers until one answers, or none may take the request.
@@ -157,6 +190,11 @@ async fn attempts(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, stage: &mut InStage<
                 let (last, why) = tries.last_refusal.unwrap_or((Refusal::AtCapacity, None));
                 return Forwarded::Local(RequestError::Refused(last, why));
             }
+            // Failed by every worker that could take it: the last failure is the answer.
+            Err(_) if tries.last_failure.is_some() => {
+                let last = tries.last_failure.unwrap_or(AttemptError::Stalled);
+                return last.into();
+            }
             Err(e) => return Forwarded::Local(e),
         };
         let pos = picked.member;
@@ -169,22 +207,19 @@ async fn attempts(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, stage: &mut InStage<
         }
         let worker = &snap.workers[model.members[pos].worker as usize];
         ex.trail.worker = Some(model.members[pos].worker as usize);
-        let e = match attempt(ctx, ex, worker, picked.cached_tokens, stage).await {
+        let cells = &model.metrics.cores[ctx.id];
+        let may_retry = || tries.may_retry(snap, model, cells);
+        let result = attempt(ctx, ex, worker, picked.cached_tokens, stage, may_retry).await;
+        count_outcome(ctx, worker, &result, snap.config.overload_status_code);
+        let e = match result {
             Ok(Done { keep_alive, status }) => return Forwarded::Done { keep_alive, status },
-            Err(e) if !e.another_worker_may_try() => {
-                if e.to_client().is_none() {
-                    ex.trail.closed = Some(match e {
-                        AttemptError::ClientGone | AttemptError::ClientSendTimeout => {
-                            ClosedBy::Client
-                        }
-                        _ => ClosedBy::Worker,
-                    });
-                }
-                if e == AttemptError::ClientGone {
-                    add(&ctx.counters().client_disconnects, 1);
-                }
-                return e.into();
+            Err(e) if e.retry_reason().is_some() && retry(ctx, &ex.req, &e, &mut tries) => {
+                tries.excluded.failed(pos);
+                tries.last_failure = Some(e);
+                ex.trail.migrations = tries.migrations;
+                continue;
             }
+            Err(e) if !e.another_worker_may_try() => return ended(ctx, ex, e),
             Err(e) => e,
         };
         match e {
@@ -205,6 +240,65 @@ async fn attempts(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, stage: &mut InStage<
             }
         }
     }
+}
+
+/// The last attempt failed and nobody else may try: who closed, and the answer.
+fn ended(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, e: AttemptError) -> Forwarded {
+    if e.to_client().is_none() {
+        ex.trail.closed = Some(match e {
+            AttemptError::ClientGone | AttemptError::ClientSendTimeout => ClosedBy::Client,
+            _ => ClosedBy::Worker,
+        });
+    }
+    if e == AttemptError::ClientGone {
+        add(&ctx.counters().client_disconnects, 1);
+    }
+    e.into()
+}
+
+/// Counts an attempt's outcome for its worker's health: a 5xx that is no refusal and
+/// the worker's failures count against it, successes for it; refusals and the client's
+/// doing count for nothing.
+fn count_outcome(
+    ctx: &CoreCtx,
+    worker: &Worker,
+    result: &Result<Done, AttemptError>,
+    overload: u16,
+) {
+    let failure = match result {
+        Ok(done) => failed(done.status, overload).then_some(false),
+        Err(e) => e.failure(),
+    };
+    worker.state.outcome(ctx.id, failure);
+    if failure.is_some() {
+        ctx.note_failure(worker.state.slot as usize, clock::now_ms());
+    }
+}
+
+/// Decides whether a failed attempt is retried on another worker: within the limit and
+/// the model's retry budget (docs/behaviour.md §22.5), which a wait given up on a hung
+/// worker does not need. Counts it either way.
+fn retry<'m>(ctx: &CoreCtx, req: &Outbound<'m>, e: &AttemptError, tries: &mut Tries<'m>) -> bool {
+    let reason = e.retry_reason().unwrap_or(RetryReason::Malformed);
+    let (config, model) = (&req.snap.config, req.model);
+    let cells = &model.metrics.cores[ctx.id];
+    if tries.migrations >= config.migration_limit || model.router_mode == RouterMode::Direct {
+        return false;
+    }
+    // A wait given up on a hung worker adds no load: the hung worker does none of it.
+    if tries.retry.is_none() && reason != RetryReason::Stalled {
+        let allowed = config.retry_budget.allowed(model.metrics.inflight());
+        tries.retry = RetryPlace::take(&model.metrics.retries_running, allowed);
+        if tries.retry.is_none() {
+            cells.retry_refused();
+            tracing::debug!(model = %model.name, reason = reason.label(), "retry budget spent: the failure goes to the client");
+            return false;
+        }
+    }
+    tries.migrations += 1;
+    cells.retried(reason);
+    tracing::debug!(model = %model.name, reason = reason.label(), error = e.label(), "attempt failed; retrying on another worker");
+    true
 }
 
 /// Marks a worker that refused the request and decides whether the request may move:

@@ -4,7 +4,7 @@
 //! tracked on a worker. Admission tickets are the gate's own guards.
 
 use std::rc::Rc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::core::CoreCtx;
@@ -94,6 +94,31 @@ impl<'a> InStage<'a> {
 impl Drop for InStage<'_> {
     fn drop(&mut self) {
         self.set(None);
+    }
+}
+
+/// A place in a model's retry budget (docs/behaviour.md §22.5), held from a request's
+/// first retry to its end.
+pub(super) struct RetryPlace<'a>(&'a AtomicU64);
+
+impl<'a> RetryPlace<'a> {
+    /// A place when fewer than `allowed` retries run now.
+    pub(super) fn take(running: &'a AtomicU64, allowed: u64) -> Option<RetryPlace<'a>> {
+        let mut now = running.load(Ordering::Relaxed);
+        while now < allowed {
+            match running.compare_exchange_weak(now, now + 1, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return Some(RetryPlace(running)),
+                Err(seen) => now = seen,
+            }
+        }
+        None
+    }
+}
+
+impl Drop for RetryPlace<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
     }
 }
 

@@ -1,7 +1,10 @@
 //! Stage: pick a worker. The router (`route::pick`, pure) sees each member's state as
 //! this core's busy replica, the prefill this core routed since that replica was
-//! published, the workers' shared marks and this request's own failures have it; nothing
-//! reachable → 503, only busy ones → the overload status.
+//! published, the workers' shared marks, their health and this request's own failures
+//! have it; nothing reachable → 503, only busy ones → the overload status. A worker out
+//! of rotation by health is unreachable unless its model panics; one waiting for its
+//! trial takes the one request that claims it. Recent failures on this core count as
+//! requests in flight.
 
 use super::core::CoreCtx;
 use super::error::{Refusal, RequestError};
@@ -10,7 +13,7 @@ use crate::route::{self, DirectRefusal, MemberState, Pick, RouterMode};
 use crate::runtime::clock;
 use crate::shed::Why;
 use crate::state::counters::{KV_HIT_BUCKETS, OVERHEAD_BUCKETS};
-use crate::state::{BusySet, KvRouting};
+use crate::state::{BusySet, KvRouting, WorkerState};
 
 /// Members this request must not use again: `failed` (connect failures, like down) and
 /// `refused` (worker-local refusals, like busy). Bit i is member i; pools beyond 128
@@ -51,6 +54,30 @@ pub(super) fn pick(
     req: &Outbound<'_>,
     worker_id: Option<&[u8]>,
     prompt: &[u8],
+    mut ex: Excluded,
+    now: u64,
+) -> Result<Picked, RequestError> {
+    loop {
+        let picked = pick_once(ctx, req, worker_id, prompt, ex, now)?;
+        let worker = &req.snap.workers[req.model.members[picked.member].worker as usize];
+        // Only a worker waiting for its trial is both picked and out of rotation.
+        let on_trial = {
+            let busy = &mut ctx.busy.borrow_mut();
+            let busy = busy.load();
+            busy.is_unhealthy(worker.state.slot) && !busy.panics(req.model.id)
+        };
+        if !on_trial || worker.state.claim_trial() {
+            return Ok(picked);
+        }
+        ex.failed(picked.member);
+    }
+}
+
+fn pick_once(
+    ctx: &CoreCtx,
+    req: &Outbound<'_>,
+    worker_id: Option<&[u8]>,
+    prompt: &[u8],
     ex: Excluded,
     now: u64,
 ) -> Result<Picked, RequestError> {
@@ -58,21 +85,23 @@ pub(super) fn pick(
     let mut cache = ctx.busy.borrow_mut();
     let busy = cache.load();
     let shed = busy.enabled(model.id);
+    let panic = busy.panics(model.id);
     let kv_mode = model.kv.is_some();
     let why = |i: usize| busy_why(ctx, req, busy, i);
     let state = |i: usize| {
         let m = model.members[i];
         let w = &snap.workers[m.worker as usize].state;
+        let unhealthy = w.is_suspect() || (busy.is_unhealthy(w.slot) && !w.trial_open());
+        let penalty = ctx.failure_penalty(w.slot as usize, now);
         let mut s = MemberState {
-            unreachable: w.is_down(now) || ex.failed & bit(i) != 0,
+            unreachable: w.is_down(now) || ex.failed & bit(i) != 0 || (unhealthy && !panic),
             busy: (shed && why(i).is_some()) || w.is_held(now) || ex.refused & bit(i) != 0,
-            inflight: w.inflight_on(ctx.id),
+            inflight: w.inflight_on(ctx.id).saturating_add(penalty),
             load: busy.load(m.id),
             ..MemberState::default()
         };
         if kv_mode {
-            let load = w.kv_load(ctx.id);
-            (s.prefill_tokens, s.decode_blocks) = (load.prefill_tokens, load.decode_blocks);
+            (s.prefill_tokens, s.decode_blocks) = kv_state(ctx, req, w, penalty);
         }
         s
     };
@@ -117,6 +146,17 @@ pub(super) fn pick(
         }))),
         Pick::Unavailable => Err(RequestError::Unavailable),
     }
+}
+
+/// `kv` mode's load of a worker: active prefill tokens and decode blocks, each of its
+/// `failures` on this core lately weighing as one more request of this one's size
+/// decoding there.
+fn kv_state(ctx: &CoreCtx, req: &Outbound<'_>, w: &WorkerState, failures: u32) -> (u64, u64) {
+    let block = (req.model.kv.as_ref()).map_or(1, |k| k.settings.kv_cache_block_size.max(1));
+    let request_blocks = req.prompt_tokens.div_ceil(u64::from(block)).max(1);
+    let load = w.kv_load(ctx.id);
+    let failing = u64::from(failures) * request_blocks;
+    (load.prefill_tokens, load.decode_blocks + failing)
 }
 
 /// Whether member `i` is busy for the request by the busy rule, and why (when known): by

@@ -123,7 +123,9 @@ pub(super) async fn relay(
             Ok(Ok(0)) | Ok(Err(_)) => return broken(ex, &mut body, Break::Failed).await,
             Ok(Ok(_)) => {}
             Err(Interrupt::ClientGone) => return Err(AttemptError::ClientGone),
-            Err(Interrupt::Timeout) => return broken(ex, &mut body, Break::Stalled).await,
+            Err(Interrupt::Timeout | Interrupt::Abandoned) => {
+                return broken(ex, &mut body, Break::Stalled).await;
+            }
         }
     }
 }

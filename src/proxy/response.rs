@@ -2,18 +2,76 @@
 //! must arrive within `upstream_first_byte_timeout_ms` of the request's last byte going
 //! out (a deadline: a head trickled a byte at a time does not stretch it). Interim 1xx
 //! heads are skipped; a 529 or 503 before any body byte is a worker-local refusal, so the
-//! request may migrate (ARCHITECTURE.md, "Admission gate").
+//! request may migrate (ARCHITECTURE.md, "Admission gate"). A model with health checks
+//! watches the wait for its worker hanging ([`HungWatch`]).
 
-use std::time::Duration;
+use std::cell::Cell;
+use std::time::{Duration, Instant};
 
 use crate::runtime::stream::Upstream;
 
+use super::core::CoreCtx;
 use super::error::{AttemptError, Refusal};
 use super::exchange::Exchange;
-use super::watch::{Interrupt, read_upstream};
+use super::watch::{Interrupt, read_upstream_until};
 use crate::http::response::{ResponseHead, parse_response};
 use crate::http::{HttpError, Limits};
 use crate::runtime::clock;
+use crate::state::Worker;
+
+/// How often a wait on a suspect worker looks whether the monitor took it out of rotation.
+const SUSPECT_POLL: Duration = Duration::from_millis(50);
+
+/// Watches a wait for a head for its worker hanging (docs/behaviour.md §22.4): once the
+/// request waited a check interval and no core got a head from the worker in that time,
+/// nor did a check pass, the worker is suspect: new requests avoid it and the monitor
+/// checks it at once. When that check fails the worker leaves rotation, and the wait
+/// ends so that another worker can take the request.
+pub(super) struct HungWatch<'a> {
+    pub ctx: &'a CoreCtx,
+    pub worker: &'a Worker,
+    pub model_id: u32,
+    pub interval_ms: u64,
+    next: Cell<Instant>,
+}
+
+impl<'a> HungWatch<'a> {
+    pub(super) fn new(
+        ctx: &'a CoreCtx,
+        worker: &'a Worker,
+        model_id: u32,
+        interval_ms: u64,
+    ) -> Self {
+        let next = Cell::new(clock::now() + Duration::from_millis(interval_ms));
+        HungWatch {
+            ctx,
+            worker,
+            model_id,
+            interval_ms,
+            next,
+        }
+    }
+
+    /// The next checkpoint, or `None` when the worker is out of rotation for hanging.
+    fn checkpoint(&self, now: Instant) -> Option<Instant> {
+        let state = &self.worker.state;
+        if !state.is_suspect() {
+            state.stalled(clock::now_ms(), self.interval_ms);
+        }
+        let next = if state.is_suspect() {
+            let busy = &mut self.ctx.busy.borrow_mut();
+            let busy = busy.load();
+            if busy.is_unhealthy(state.slot) && !busy.panics(self.model_id) {
+                return None;
+            }
+            now + SUSPECT_POLL
+        } else {
+            now + Duration::from_millis(self.interval_ms)
+        };
+        self.next.set(next);
+        Some(next)
+    }
+}
 
 /// Reads the final response head into `resp`; its bytes stay at the start of `from_worker`. A
 /// close or reset before any byte is [`AttemptError::Hangup`].
@@ -22,8 +80,10 @@ pub(super) async fn read_response_head(
     stream: &mut Upstream,
     limits: &Limits,
     resp: &mut ResponseHead,
+    hung: Option<&HungWatch<'_>>,
 ) -> Result<(), AttemptError> {
     let deadline = clock::now() + Duration::from_millis(limits.upstream_first_byte_timeout_ms);
+    let mut checkpoint = |now: Instant| hung.and_then(|h| h.checkpoint(now));
     ex.io.from_worker.clear();
     let mut received = false;
     loop {
@@ -49,9 +109,12 @@ pub(super) async fn read_response_head(
                 }
             }
         }
-        match read_upstream(stream, &mut ex.io.from_worker, &mut ex.reader, deadline).await {
+        let check = hung.map(|h| (h.next.get(), &mut checkpoint as _));
+        let rbuf = &mut ex.io.from_worker;
+        match read_upstream_until(stream, rbuf, &mut ex.reader, deadline, check).await {
             Err(Interrupt::ClientGone) => return Err(AttemptError::ClientGone),
             Err(Interrupt::Timeout) => return Err(AttemptError::Timeout),
+            Err(Interrupt::Abandoned) => return Err(AttemptError::Stalled),
             Ok(Ok(0)) | Ok(Err(_)) if !received => return Err(AttemptError::Hangup),
             Ok(Ok(0)) | Ok(Err(_)) => {
                 return Err(AttemptError::BadGateway(
@@ -77,6 +140,11 @@ pub(super) fn refusal(status: u16, overload_status: u16) -> Option<Refusal> {
     }
 }
 
+/// A worker's failure by its status: a 5xx that is not a refusal (docs/behaviour.md §22.1).
+pub(super) fn failed(status: u16, overload_status: u16) -> bool {
+    status >= 500 && refusal(status, overload_status).is_none()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -98,6 +166,26 @@ mod tests {
         (400, 400, None),
         (404, 404, None),
     ];
+
+    #[test]
+    fn failures_by_status() {
+        for &(status, configured, want) in &[
+            (500, 529, true),
+            (502, 529, true),
+            (504, 529, true),
+            (503, 529, false),
+            (529, 529, false),
+            (500, 500, false),
+            (404, 529, false),
+            (200, 529, false),
+        ] {
+            assert_eq!(
+                failed(status, configured),
+                want,
+                "{status} with {configured}"
+            );
+        }
+    }
 
     #[test]
     fn refusals_by_status() {

@@ -21,7 +21,13 @@ pub(super) type Reader<'a> = Pin<&'a mut ClientReader>;
 pub(super) enum Interrupt {
     ClientGone,
     Timeout,
+    /// A checkpoint gave up the wait.
+    Abandoned,
 }
+
+/// Called when the wait reaches a checkpoint before its deadline: the next checkpoint,
+/// or `None` to give the wait up.
+pub(super) type Checkpoint<'a> = &'a mut dyn FnMut(Instant) -> Option<Instant>;
 
 enum Race<T> {
     Work(T),
@@ -57,14 +63,33 @@ pub(super) async fn watched<U: Future>(
     reader: &mut Reader<'_>,
     deadline: Instant,
 ) -> Result<U::Output, Interrupt> {
-    let mut sleep = std::pin::pin!(monoio::time::sleep_until(deadline.into()));
+    watched_until(work, reader, deadline, None).await
+}
+
+/// [`watched`], with a checkpoint at `check.0` that may give the wait up or set the next.
+async fn watched_until<U: Future>(
+    work: U,
+    reader: &mut Reader<'_>,
+    deadline: Instant,
+    mut check: Option<(Instant, Checkpoint<'_>)>,
+) -> Result<U::Output, Interrupt> {
+    let first = check.as_ref().map_or(deadline, |c| c.0.min(deadline));
+    let mut sleep = std::pin::pin!(monoio::time::sleep_until(first.into()));
     let mut work = std::pin::pin!(work);
     loop {
         match race(work.as_mut(), reader, sleep.as_mut()).await {
             Race::Work(v) => return Ok(v),
             Race::Client(Ok(n)) if n > 0 => reader.as_mut().watch(),
             Race::Client(_) => return Err(Interrupt::ClientGone),
-            Race::Timeout => return Err(Interrupt::Timeout),
+            Race::Timeout => {
+                let now = crate::runtime::clock::now();
+                let next = match &mut check {
+                    Some((_, checkpoint)) if now < deadline => checkpoint(now),
+                    _ => return Err(Interrupt::Timeout),
+                };
+                let next = next.ok_or(Interrupt::Abandoned)?;
+                sleep.as_mut().reset(next.min(deadline).into());
+            }
         }
     }
 }
@@ -76,11 +101,22 @@ pub(super) async fn read_upstream(
     reader: &mut Reader<'_>,
     deadline: Instant,
 ) -> Result<io::Result<usize>, Interrupt> {
+    read_upstream_until(stream, rbuf, reader, deadline, None).await
+}
+
+/// [`read_upstream`] with a checkpoint (see [`watched_until`]).
+pub(super) async fn read_upstream_until(
+    stream: &mut Upstream,
+    rbuf: &mut Vec<u8>,
+    reader: &mut Reader<'_>,
+    deadline: Instant,
+    check: Option<(Instant, Checkpoint<'_>)>,
+) -> Result<io::Result<usize>, Interrupt> {
     if rbuf.capacity() - rbuf.len() < RESPONSE_READ_MIN_SPARE {
         rbuf.reserve(RESPONSE_READ_BUF);
     }
     let buf = std::mem::take(rbuf);
-    let (res, buf) = watched(stream.read_into(buf), reader, deadline).await?;
+    let (res, buf) = watched_until(stream.read_into(buf), reader, deadline, check).await?;
     *rbuf = buf;
     Ok(res)
 }

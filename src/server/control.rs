@@ -64,6 +64,7 @@ async fn serve(parts: Parts) {
     control.borrow_mut().republish();
     monoio::spawn(tasks::tick(control.clone()));
     monoio::spawn(tasks::scrape_loop(control.clone()));
+    monoio::spawn(crate::monitor::checks::check_loop(control.clone()));
     monoio::spawn(supervise(control.clone()));
     let listener = match monoio::net::TcpListener::from_std(admin) {
         Ok(l) => l,

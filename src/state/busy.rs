@@ -1,7 +1,8 @@
 //! The busy set: what the monitor publishes to every core (per model: shedding enabled,
 //! and the adaptive mode's cap on queue waits while the model is overloaded; per member
 //! and request class: busy and why; per member a load figure for least-loaded, and the
-//! prefill room a core checks its own routing against).
+//! prefill room a core checks its own routing against; per worker whether health took it
+//! out of rotation, per model whether it is below its healthy share and routes over all).
 //! Immutable once published; each core reads its replica with one atomic load.
 
 use super::cow_chunks::CowChunks;
@@ -35,6 +36,11 @@ pub struct BusySet {
     why: [CowChunks<Option<Why>>; 3],
     /// Per member id: its worker's prefill room (default: nothing to check).
     room: CowChunks<PrefillRoom>,
+    /// Bit per worker slot: out of rotation by health (ejected, or its checks failing).
+    /// The health pass's, kept by [`BusySet::clear`].
+    unhealthy: Vec<u64>,
+    /// Bit per model id: fewer workers healthy than its share, so health is ignored.
+    panic: Vec<u64>,
 }
 
 impl PartialEq for BusySet {
@@ -55,6 +61,8 @@ impl PartialEq for BusySet {
             })
             && trimmed(&self.load) == trimmed(&other.load)
             && self.room == other.room
+            && trimmed(&self.unhealthy) == trimmed(&other.unhealthy)
+            && trimmed(&self.panic) == trimmed(&other.panic)
     }
 }
 
@@ -72,6 +80,19 @@ fn set_bit(words: &mut Vec<u64>, i: u32) {
     words[w] |= 1u64 << (i % 64);
 }
 
+/// Sets or clears bit `i`; returns whether it changed.
+fn put_bit(words: &mut Vec<u64>, i: u32, on: bool) -> bool {
+    if bit(words, i) == on {
+        return false;
+    }
+    if on {
+        set_bit(words, i);
+    } else if let Some(w) = words.get_mut((i / 64) as usize) {
+        *w &= !(1u64 << (i % 64));
+    }
+    true
+}
+
 impl BusySet {
     #[inline]
     pub fn enabled(&self, model_id: u32) -> bool {
@@ -82,6 +103,28 @@ impl BusySet {
     #[inline]
     pub fn is_busy(&self, class: Class, member_id: u32) -> bool {
         bit(&self.busy[class.index()], member_id)
+    }
+
+    /// Whether health took the worker in `slot` out of rotation.
+    #[inline]
+    pub fn is_unhealthy(&self, slot: u32) -> bool {
+        bit(&self.unhealthy, slot)
+    }
+
+    /// Whether the model routes over all its workers, health aside (the panic rule).
+    #[inline]
+    pub fn panics(&self, model_id: u32) -> bool {
+        bit(&self.panic, model_id)
+    }
+
+    /// Returns whether it changed.
+    pub fn set_unhealthy(&mut self, slot: u32, unhealthy: bool) -> bool {
+        put_bit(&mut self.unhealthy, slot, unhealthy)
+    }
+
+    /// Returns whether it changed.
+    pub fn set_panic(&mut self, model_id: u32, panic: bool) -> bool {
+        put_bit(&mut self.panic, model_id, panic)
     }
 
     #[inline]
@@ -179,7 +222,8 @@ impl BusySet {
         self.set_member(member_id, MemberEntry::default());
     }
 
-    /// Empties the set, keeping its storage.
+    /// Empties the busy rule's part of the set, keeping its storage. Health is the health
+    /// pass's and stays.
     pub fn clear(&mut self) {
         self.enabled.iter_mut().for_each(|w| *w = 0);
         self.queue_cap_ms.iter_mut().for_each(|c| *c = 0);
@@ -193,6 +237,20 @@ impl BusySet {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn health_bits_are_content_and_survive_the_busy_rules_clear() {
+        let (mut a, b) = (BusySet::default(), BusySet::default());
+        assert!(a.set_unhealthy(70, true));
+        assert!(!a.set_unhealthy(70, true), "unchanged");
+        assert!(a.set_panic(2, true));
+        assert!(a.is_unhealthy(70) && !a.is_unhealthy(69) && a.panics(2) && !a.panics(1));
+        assert_ne!(a, b);
+        a.clear();
+        assert!(a.is_unhealthy(70) && a.panics(2));
+        assert!(a.set_unhealthy(70, false) && a.set_panic(2, false));
+        assert_eq!(a, b, "cleared bits compare equal to storage never grown");
+    }
 
     #[test]
     fn a_queue_cap_is_set_lifted_and_part_of_the_content() {

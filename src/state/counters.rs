@@ -120,6 +120,42 @@ impl MigrationReason {
     }
 }
 
+/// Why a failed attempt was tried again on another worker
+/// (`spillway_retries_total{model,reason}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RetryReason {
+    /// A 5xx head that is not a refusal.
+    Status5xx,
+    /// Closed or reset before any response byte.
+    Reset,
+    /// No head within `upstream_first_byte_timeout_ms`.
+    HeadTimeout,
+    /// Its worker was found hung while the request waited.
+    Stalled,
+    /// A response that could not be read.
+    Malformed,
+}
+
+impl RetryReason {
+    pub const ALL: [RetryReason; 5] = [
+        RetryReason::Status5xx,
+        RetryReason::Reset,
+        RetryReason::HeadTimeout,
+        RetryReason::Stalled,
+        RetryReason::Malformed,
+    ];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            RetryReason::Status5xx => "status_5xx",
+            RetryReason::Reset => "reset",
+            RetryReason::HeadTimeout => "head_timeout",
+            RetryReason::Stalled => "stalled",
+            RetryReason::Malformed => "malformed",
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RequestType {
     Unary,
@@ -259,6 +295,9 @@ pub struct ModelCore {
     kv_added: AtomicU64,
     kv_evicted: AtomicU64,
     migrations: [AtomicU64; 4],
+    retries: [AtomicU64; RetryReason::ALL.len()],
+    /// Retries the budget did not allow.
+    retries_refused: AtomicU64,
     /// By knob, then class.
     refusals: [AtomicU64; KNOBS * CLASSES],
     /// Requests routed, by class.
@@ -283,6 +322,8 @@ impl Default for ModelCore {
             kv_added: AtomicU64::new(0),
             kv_evicted: AtomicU64::new(0),
             migrations: std::array::from_fn(|_| AtomicU64::new(0)),
+            retries: std::array::from_fn(|_| AtomicU64::new(0)),
+            retries_refused: AtomicU64::new(0),
             refusals: std::array::from_fn(|_| AtomicU64::new(0)),
             classes: std::array::from_fn(|_| AtomicU64::new(0)),
         }
@@ -310,6 +351,16 @@ impl ModelCore {
         add(&self.migrations[reason as usize], 1);
     }
 
+    #[inline]
+    pub fn retried(&self, reason: RetryReason) {
+        add(&self.retries[reason as usize], 1);
+    }
+
+    #[inline]
+    pub fn retry_refused(&self) {
+        add(&self.retries_refused, 1);
+    }
+
     /// A request refused by `knob` (the client got the overload status or 503).
     #[inline]
     pub fn refused(&self, knob: Knob, class: Class) {
@@ -333,6 +384,9 @@ impl ModelCore {
 #[derive(Debug)]
 pub struct ModelMetrics {
     pub cores: Box<[CachePadded<ModelCore>]>,
+    /// Retries of failed attempts running now, over all cores: the retry budget's count
+    /// (written only when a retry starts or ends).
+    pub retries_running: CachePadded<std::sync::atomic::AtomicU64>,
 }
 
 impl ModelMetrics {
@@ -341,6 +395,7 @@ impl ModelMetrics {
             cores: (0..cores)
                 .map(|_| CachePadded::new(ModelCore::default()))
                 .collect(),
+            retries_running: CachePadded::new(AtomicU64::new(0)),
         }
     }
 
@@ -365,6 +420,14 @@ impl ModelMetrics {
 
     pub fn migrations(&self, reason: MigrationReason) -> u64 {
         self.total(|c| &c.migrations[reason as usize])
+    }
+
+    pub fn retries(&self, reason: RetryReason) -> u64 {
+        self.total(|c| &c.retries[reason as usize])
+    }
+
+    pub fn retries_refused(&self) -> u64 {
+        self.total(|c| &c.retries_refused)
     }
 
     pub fn refusals(&self, knob: Knob, class: Class) -> u64 {

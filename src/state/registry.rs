@@ -191,6 +191,7 @@ impl Registry {
             members,
             metrics,
             kv,
+            check_interval_ms: m.health_check.as_ref().map(|c| c.interval_ms),
         }
     }
 

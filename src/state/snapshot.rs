@@ -62,6 +62,9 @@ pub struct Model {
     pub metrics: Arc<ModelMetrics>,
     /// `kv` mode's settings and predicted-cache index (`None` in other modes).
     pub kv: Option<Arc<KvRouting>>,
+    /// Its health checks' interval, when it has checks: a wait for a head that long
+    /// makes a silent worker suspect.
+    pub check_interval_ms: Option<u64>,
 }
 
 /// A `kv` model's routing state, kept across reloads while its members, their capacities

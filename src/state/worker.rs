@@ -2,7 +2,7 @@
 //! load each core has sent to the worker. Atomics only; kept across reloads while the
 //! worker is unchanged.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 
 use crossbeam_utils::CachePadded;
 
@@ -27,6 +27,14 @@ pub struct WorkerState {
     held_until_ms: AtomicU64,
     /// When the latest refusal hold began (monotonic ms).
     held_since_ms: AtomicU64,
+    /// Set by a core whose request waited a check interval for a head while the worker
+    /// answered nothing; cleared by the monitor when a check passes. New requests avoid it.
+    suspect: AtomicBool,
+    /// When a check last passed (written by the monitor).
+    check_passed_ms: AtomicU64,
+    /// The monitor opened its trial after an ejection; the core whose request takes the
+    /// trial closes it.
+    trial_open: AtomicBool,
     /// One entry per core, written only by that core: what it routed and has not finished.
     pub tracked: Box<[CachePadded<TrackedLoad>]>,
     /// `kv` routing's cost inputs, as the monitor last published them: the load the engine
@@ -58,6 +66,13 @@ pub struct TrackedLoad {
     /// predicted cached here.
     pub kv_blocks: AtomicU64,
     pub kv_hit_blocks: AtomicU64,
+    /// Attempts this core saw succeed and fail (of those, failed connects): passive
+    /// outlier detection's input.
+    pub ok: AtomicU64,
+    pub failed: AtomicU64,
+    pub connect_failed: AtomicU64,
+    /// When this core last got a response head from the worker (monotonic ms).
+    pub answered_ms: AtomicU64,
     /// This core's prefill tokens and decode blocks when the monitor last folded them
     /// (written by the monitor).
     folded_prefill_tokens: AtomicU64,
@@ -73,6 +88,9 @@ impl WorkerState {
             failures: AtomicU32::new(0),
             held_until_ms: AtomicU64::new(0),
             held_since_ms: AtomicU64::new(0),
+            suspect: AtomicBool::new(false),
+            check_passed_ms: AtomicU64::new(0),
+            trial_open: AtomicBool::new(false),
             tracked: (0..cores)
                 .map(|_| CachePadded::new(TrackedLoad::default()))
                 .collect(),
@@ -146,6 +164,80 @@ impl WorkerState {
 
     pub fn consecutive_failures(&self) -> u32 {
         self.failures.load(Ordering::Relaxed)
+    }
+
+    /// Whether new requests avoid the worker until a check passes.
+    #[inline]
+    pub fn is_suspect(&self) -> bool {
+        self.suspect.load(Ordering::Relaxed)
+    }
+
+    /// A request waited `interval_ms` for a head at `now_ms`: the worker is suspect when
+    /// no core got a head from it and no check passed in that time. Returns whether it
+    /// became suspect now.
+    pub fn stalled(&self, now_ms: u64, interval_ms: u64) -> bool {
+        let since = now_ms.saturating_sub(interval_ms);
+        let answered = self
+            .tracked
+            .iter()
+            .map(|t| t.answered_ms.load(Ordering::Relaxed))
+            .max();
+        if answered.unwrap_or(0) > since || self.check_passed_ms.load(Ordering::Relaxed) > since {
+            return false;
+        }
+        !self.suspect.swap(true, Ordering::Relaxed)
+    }
+
+    /// A check passed at `now_ms` (the monitor): the worker is not suspect.
+    pub fn check_passed(&self, now_ms: u64) {
+        self.check_passed_ms.fetch_max(now_ms, Ordering::Relaxed);
+        self.suspect.store(false, Ordering::Relaxed);
+    }
+
+    /// The monitor opens (or closes) the worker's trial after an ejection.
+    pub fn set_trial(&self, open: bool) {
+        self.trial_open.store(open, Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub fn trial_open(&self) -> bool {
+        self.trial_open.load(Ordering::Relaxed)
+    }
+
+    /// Takes the open trial for one request; false when another core took it first.
+    pub fn claim_trial(&self) -> bool {
+        self.trial_open
+            .compare_exchange(true, false, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
+    }
+
+    /// Counts an attempt's outcome on core `core`: `Some(connect)` a failure (a failed
+    /// connect or not), `None` a success.
+    #[inline]
+    pub fn outcome(&self, core: usize, failure: Option<bool>) {
+        let t = &self.tracked[core];
+        match failure {
+            None => crate::state::counters::add(&t.ok, 1),
+            Some(connect) => {
+                crate::state::counters::add(&t.failed, 1);
+                if connect {
+                    crate::state::counters::add(&t.connect_failed, 1);
+                }
+            }
+        }
+    }
+
+    /// Sum over cores of the attempts' outcomes so far.
+    pub fn outcomes(&self) -> crate::health::Outcomes {
+        let mut o = crate::health::Outcomes::default();
+        for t in self.tracked.iter() {
+            o.ok = o.ok.wrapping_add(t.ok.load(Ordering::Relaxed));
+            o.failed = o.failed.wrapping_add(t.failed.load(Ordering::Relaxed));
+            o.connect_failed = o
+                .connect_failed
+                .wrapping_add(t.connect_failed.load(Ordering::Relaxed));
+        }
+        o
     }
 
     /// Requests core `core` has in flight to the worker (power-of-two, least-loaded).
@@ -271,6 +363,40 @@ mod tests {
         w.mark_up();
         assert!(!w.is_down(100));
         assert_eq!(w.mark_down(100, 1000, 5000), 1000);
+    }
+
+    #[test]
+    fn a_stalled_request_makes_a_silent_worker_suspect_until_a_check_passes() {
+        let w = WorkerState::new(0, "w", 2);
+        w.tracked[1].answered_ms.store(9_000, Ordering::Relaxed);
+        assert!(!w.stalled(10_000, 2_000), "core 1 got a head 1 s ago");
+        assert!(w.stalled(11_500, 2_000));
+        assert!(w.is_suspect() && !w.stalled(11_600, 2_000), "once");
+        w.check_passed(11_700);
+        assert!(!w.is_suspect());
+        assert!(
+            !w.stalled(12_000, 2_000),
+            "a check passed within the interval"
+        );
+        assert!(w.stalled(13_800, 2_000));
+    }
+
+    #[test]
+    fn one_request_takes_a_trial() {
+        let w = WorkerState::new(0, "w", 1);
+        assert!(!w.claim_trial());
+        w.set_trial(true);
+        assert!(w.trial_open() && w.claim_trial() && !w.claim_trial());
+    }
+
+    #[test]
+    fn outcomes_sum_over_cores() {
+        let w = WorkerState::new(0, "w", 2);
+        w.outcome(0, None);
+        w.outcome(1, Some(true));
+        w.outcome(1, Some(false));
+        let o = w.outcomes();
+        assert_eq!((o.ok, o.failed, o.connect_failed), (1, 2, 1));
     }
 
     #[test]
