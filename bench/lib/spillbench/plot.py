@@ -13,3 +13,10 @@ def pyplot():
 def save(fig, path):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
+
+
+def plain_numbers():
+    """A tick formatter that writes 20 and 300, not 2×10¹ (log axes)."""
+    from matplotlib.ticker import FuncFormatter
+
+    return FuncFormatter(lambda v, _: f"{v:g}")
