@@ -17,7 +17,7 @@ import sys
 from collections import Counter
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "lib"))
-from spillbench import plot as plots, results  # noqa: E402
+from spillbench import metrics, plot as plots, results  # noqa: E402
 from spillbench.markdown import NONE, fmt, ms, row  # noqa: E402
 from spillbench.stats import pct  # noqa: E402
 
@@ -26,6 +26,7 @@ SETUPS = {"spillway-rr": "Spillway round-robin", "spillway-ll": "Spillway least-
 SCENARIOS = {"fail": "fail (500 at once)", "hang": "hang", "kill": "killed, restarted",
              "flap": "flap"}
 WINDOW_S = 5
+SLOW_S = 1.0  # a complete stream that took longer than this counts as slow
 
 
 def kind(r):
@@ -46,6 +47,7 @@ def analyse(run):
                   for name, t in (line.split() for line in f if line.strip())]
     errors = [r for r in recs if r["outcome"] != "ok"]
     duration = int(meta["duration"])
+    problems = metrics.log_problems(run["log"], r"WARN|ERROR|ALERT|panic")
 
     def started(lo, hi):
         return [r for r in recs if lo <= r["sched"] < hi]
@@ -59,6 +61,7 @@ def analyse(run):
         "setup": run["setup"], "scenario": run["scenario"], "events": events,
         "proxy_alive": run["proxy_alive"], "requests": len(recs), "errors": len(errors),
         "error_kinds": dict(Counter(kind(r) for r in errors).most_common()),
+        "slow": sum(r["outcome"] == "ok" and r["end"] - r["sched"] > SLOW_S for r in recs),
         "ttft_p50": pct([r["ttft"] for r in recs if "ttft" in r], 50),
         "ttft_p99": pct([r["ttft"] for r in recs if "ttft" in r], 99),
         "longest": max((r.get("end", meta["wall_s"]) - r["sched"] for r in recs), default=None),
@@ -66,6 +69,7 @@ def analyse(run):
         "windows": [sum(r["outcome"] != "ok" for r in started(lo, lo + WINDOW_S))
                     for lo in range(0, duration, WINDOW_S)],
         "series": series, "loadgen_cpu": meta["cpu_share"],
+        "log_lines": len(problems), "log_first": [l if len(l) <= 240 else l[:239] + "…" for l in problems[:3]],
     }
 
 
@@ -78,14 +82,15 @@ def tables(summary):
     """faults.md's tables: errors and latency per run, then errors per 5 s window."""
     runs = ordered(summary["runs"])
     md = ["| scenario | proxy | requests | client-visible errors | what the client got "
-          "| TTFT p50 ms | TTFT p99 ms | longest request s | last error at s |",
-          "|---|---|---|---|---|---|---|---|---|"]
+          f"| complete but > {SLOW_S:g} s | TTFT p50 ms | TTFT p99 ms | longest request s "
+          "| last error at s |",
+          "|---|---|---|---|---|---|---|---|---|---|"]
     for r in runs:
         got = ", ".join(f"{k} ×{n}" for k, n in r["error_kinds"].items()) or NONE
         md.append(row([SCENARIOS[r["scenario"]], SETUPS[r["setup"]], r["requests"],
                        f"{r['errors']} ({100 * r['errors'] / max(r['requests'], 1):.1f} %)",
-                       got, ms(r["ttft_p50"]), ms(r["ttft_p99"]), fmt(r["longest"], ".2f"),
-                       fmt(r["last_error"], ".1f")]))
+                       got, r["slow"], ms(r["ttft_p50"]), ms(r["ttft_p99"]),
+                       fmt(r["longest"], ".2f"), fmt(r["last_error"], ".1f")]))
     width = summary["window_s"]
     spans = [f"{lo}–{lo + width} s" for lo in range(0, summary["duration"], width)]
     md += ["", "| scenario | proxy | " + " | ".join(spans) + " |",
@@ -102,8 +107,9 @@ def reading(summary):
         rs = [r for r in ordered(summary["runs"]) if r["scenario"] == c]
         if rs:
             out.append(f"- **{name}**: " + "; ".join(
-                f"{SETUPS[r['setup']]} {100 * r['errors'] / max(r['requests'], 1):.1f} % errors, "
-                f"longest {fmt(r['longest'], '.1f')} s" for r in rs) + ".")
+                f"{SETUPS[r['setup']]} {100 * r['errors'] / max(r['requests'], 1):.1f} % errors"
+                + (f" and {r['slow']} complete streams over {SLOW_S:g} s" if r["slow"] else "")
+                + f", longest request {fmt(r['longest'], '.1f')} s" for r in rs) + ".")
     return out
 
 
@@ -128,9 +134,7 @@ def plot(summary, path):
         ax_err.set_ylabel("errors / s")
         ax_err.set_title(f"{SCENARIOS[c]}: client-visible errors per second of arrivals",
                          fontsize=9)
-        ax_ttft.set_yscale("log")
-        for axis in (ax_ttft.yaxis.set_major_formatter, ax_ttft.yaxis.set_minor_formatter):
-            axis(plots.plain_numbers())
+        plots.log_y(ax_ttft)
         ax_ttft.set_ylabel("TTFT p99 ms")
         ax_ttft.set_title(f"{SCENARIOS[c]}: TTFT p99 per second of arrivals", fontsize=9)
     axes[0][0].legend(fontsize=8)
@@ -179,6 +183,12 @@ def report(a):
         "",
         "```", haproxy_cfg, "```",
     ]
+    md += ["", "## The proxies' logs", "",
+           "Warning and error lines each proxy wrote in each run (the first three, shortened):",
+           ""]
+    for r in ordered(runs):
+        md.append(f"- {SCENARIOS[r['scenario']]}, {SETUPS[r['setup']]}: {r['log_lines']}"
+                  + "".join(f"\n  - `{l}`" for l in r["log_first"]))
     dead = [f"{r['setup']}/{r['scenario']}" for r in runs if r["proxy_alive"] != "yes"]
     if dead:
         md += ["", f"**The proxy had exited by the end of: {', '.join(dead)}.**"]
