@@ -91,6 +91,14 @@ pub struct MockArgs {
     /// How often load is pushed, in milliseconds.
     #[arg(long, default_value_t = defaults::PUSH_INTERVAL_MS)]
     pub push_interval_ms: u64,
+    /// Fault mode at start: none, fail (/v1/* answer 500 at once), hang (nothing is
+    /// answered), dead-core (/health answers, /v1/* never), flap (healthy and fail in
+    /// turn); `POST /fault {"mode":"..."}` on the engine's port switches it.
+    #[arg(long, value_name = "MODE", default_value_t = spillway_mock::Fault::None)]
+    pub fault: spillway_mock::Fault,
+    /// Each half of a flap cycle (healthy, then failing), in milliseconds.
+    #[arg(long, default_value_t = defaults::FLAP_PERIOD_MS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub flap_period_ms: u64,
 }
 
 impl MockArgs {
@@ -111,6 +119,8 @@ impl MockArgs {
             push_load: self.push_load.clone(),
             worker_name: self.worker_name.clone(),
             push_interval_ms: self.push_interval_ms,
+            fault: self.fault,
+            flap_period_ms: self.flap_period_ms,
         }
     }
 }
@@ -370,6 +380,10 @@ mod tests {
             "--worker-name",
             "w1",
             "--enable-prefix-caching",
+            "--fault",
+            "flap",
+            "--flap-period-ms",
+            "500",
         ])
         .unwrap();
         let Some(Command::MockEngine(args)) = cli.command else {
@@ -384,6 +398,11 @@ mod tests {
         assert_eq!(c.push_load.as_deref(), Some("http://127.0.0.1:9090"));
         assert_eq!(c.worker_name.as_deref(), Some("w1"));
         assert!(c.enable_prefix_caching);
+        assert_eq!(c.fault, spillway_mock::Fault::Flap);
+        assert_eq!(c.flap_period_ms, 500);
+        for bad in [["--fault", "sick"], ["--flap-period-ms", "0"]] {
+            assert!(Cli::try_parse_from(["spillway", "mock-engine", bad[0], bad[1]]).is_err());
+        }
     }
 
     #[test]

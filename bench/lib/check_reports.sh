@@ -63,6 +63,13 @@ regenerate prefix.md "$PY" "$BENCH_DIR/prefix/report.py" tables --summary-json "
 regenerate prefix-dynamo.md "$PY" "$BENCH_DIR/prefix/report.py" tables --dynamo \
   --summary-json "$R/prefix-dynamo-summary.json"
 
+# bench/faults/run.sh: from its summary (per-run figures, per-second series).
+for json in "$R"/faults*-summary.json; do
+  [[ -e $json ]] || continue
+  regenerate "$(basename "$json" -summary.json).md" "$PY" "$BENCH_DIR/faults/report.py" tables \
+    --summary-json "$json"
+done
+
 # bench/proxy/run.sh: from the per-run table it wrote.
 regenerate proxy.md "$PY" "$BENCH_DIR/proxy/report.py" tables --runs "$R/proxy-raw.tsv"
 

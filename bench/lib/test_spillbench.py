@@ -160,6 +160,25 @@ class LoadgenTest(unittest.TestCase):
         self.assertEqual(s["rejected"], outcomes.count("rejected"))
         self.assertEqual(s["errors"], 0)
 
+    def test_a_request_past_its_timeout_is_given_up(self):
+        async def silent(reader, writer):
+            await reader.read()  # reads until the client closes; never answers
+
+        async def run():
+            server = await asyncio.start_server(silent, "127.0.0.1", 0)
+            port = server.sockets[0].getsockname()[1]
+            loop = asyncio.get_running_loop()
+            rec = {"sched": 0.0}
+            await loadgen.fetch("127.0.0.1", port, http.BENCH_REQUEST, 0.0, loop.time(), rec, 4,
+                                timeout=0.2)
+            server.close()
+            return rec
+
+        rec = asyncio.run(run())
+        self.assertEqual((rec["outcome"], rec["why"]), ("timeout", "timeout"))
+        self.assertTrue(0.2 <= rec["end"] < 1.0, rec)
+        self.assertNotIn("status", rec)
+
 
 if __name__ == "__main__":
     unittest.main()

@@ -51,10 +51,35 @@
 //!
 //! Prompt tokens are estimated as Spillway's tracked load does: bytes of the `messages`
 //! or `prompt` value / 4, at least 1.
+//!
+//! # Fault modes
+//!
+//! To test what sits in front of it, the engine can play sick ([`Fault`]): set at start
+//! (`--fault MODE`, [`MockConfig::fault`]) and switched at runtime with `POST /fault` on
+//! its own port, body `{"mode":"<mode>"}` (optionally `"flap_period_ms":N`), answered 200
+//! with the mode now in force (`{"mode":"fail"}`; a bad body gets 400). `GET /fault` says
+//! which is in force. `/fault` itself is always answered, in every mode.
+//!
+//! - `none` (the default): healthy.
+//! - `fail`: every `/v1/*` request is answered at once with `500` and
+//!   `{"error":{"message":"engine failed","type":"InternalServerError","code":500}}`
+//!   (keep-alive kept); `/health` still answers 200: an engine core dead behind a live API
+//!   server that answers fast.
+//! - `hang`: a hung process. Every request is read and never answered, `/health` and
+//!   `/metrics` included; connections stay open (idle ones too) until the client closes
+//!   them; `--push-load` pushes stop.
+//! - `dead-core`: `/health` answers 200, every `/v1/*` request is read and never
+//!   answered; only a real generation (a canary) catches it.
+//! - `flap`: `--flap-period-ms` (default 2000) of healthy service, then as long of `fail`,
+//!   and so on, starting healthy when the mode is set (at start or by `POST /fault`).
+//!
+//! A mode applies to requests read while it is in force: a response already under way
+//! when it changes finishes as before.
 
 #![forbid(unsafe_code)]
 
 mod clock;
+pub mod fault;
 mod http;
 pub mod metrics;
 pub mod openai;
@@ -69,6 +94,7 @@ use std::net::SocketAddr;
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::thread::JoinHandle;
 
+pub use fault::Fault;
 use sim::EngineConfig;
 
 /// Defaults: a small GPU serving a small model (one vLLM engine, default scheduler limits).
@@ -91,6 +117,8 @@ pub mod defaults {
     pub const DECODE_STEP_PER_SEQ_MS: f64 = 0.25;
     pub const DEFAULT_MAX_TOKENS: u32 = 128;
     pub const PUSH_INTERVAL_MS: u64 = 100;
+    /// Each half of a `flap` fault's cycle.
+    pub const FLAP_PERIOD_MS: u64 = 2000;
 }
 
 /// The mock engine's settings. [`Default`] looks like a small GPU.
@@ -127,6 +155,10 @@ pub struct MockConfig {
     pub worker_name: Option<String>,
     /// How often load is pushed.
     pub push_interval_ms: u64,
+    /// The fault mode at start (see the crate's "Fault modes"); `POST /fault` switches it.
+    pub fault: Fault,
+    /// Each half of a `flap` cycle (healthy, then failing), in milliseconds; at least 1.
+    pub flap_period_ms: u64,
 }
 
 impl Default for MockConfig {
@@ -148,6 +180,8 @@ impl Default for MockConfig {
             push_load: None,
             worker_name: None,
             push_interval_ms: PUSH_INTERVAL_MS,
+            fault: Fault::None,
+            flap_period_ms: FLAP_PERIOD_MS,
         }
     }
 }
@@ -211,6 +245,9 @@ pub fn start(cfg: MockConfig) -> io::Result<MockHandle> {
     if cfg.default_max_tokens == 0 {
         return Err(invalid("default_max_tokens must be at least 1".into()));
     }
+    if cfg.flap_period_ms == 0 {
+        return Err(invalid("flap_period_ms must be at least 1".into()));
+    }
     let listener = server::bind(cfg.listen)?;
     let addr = listener.local_addr()?;
     let push = match &cfg.push_load {
@@ -232,6 +269,7 @@ pub fn start(cfg: MockConfig) -> io::Result<MockHandle> {
         max_num_batched_tokens = cfg.max_num_batched_tokens,
         enable_prefix_caching = cfg.enable_prefix_caching,
         push_load = cfg.push_load.as_deref().unwrap_or("off"),
+        fault = %cfg.fault,
         "mock engine serving"
     );
     let thread = std::thread::Builder::new()

@@ -88,6 +88,10 @@ const WARN_EVERY: Duration = Duration::from_secs(10);
 pub(crate) trait Reports {
     fn engine_config(&self) -> &EngineConfig;
     fn load(&self) -> Load;
+    /// Whether pushing is paused (a hung engine reports nothing).
+    fn paused(&self) -> bool {
+        false
+    }
 }
 
 /// Pushes an event every `interval` until the runtime ends. Never fatal.
@@ -99,6 +103,9 @@ pub(crate) async fn run(mock: impl Reports, target: Target, worker: String, inte
     let mut failures = 0u64;
     loop {
         monoio::time::sleep(interval).await;
+        if mock.paused() {
+            continue;
+        }
         body.clear();
         event(&mut body, &worker, mock.engine_config(), &mock.load());
         let request = format!(

@@ -18,7 +18,7 @@ def analyse(meta, recs, warmup, duration, max_tokens):
     # No status line by the hard end (queued in a proxy): fate unknown, wait is a lower bound.
     pending = [hard_end - r["sched"] for r in win if "status" not in r and r["outcome"] == "cut"]
     rejected = [r for r in win if r["outcome"] == "rejected"]
-    errors = [r for r in recs if r["outcome"] == "error"]
+    errors = [r for r in recs if r["outcome"] in ("error", "timeout")]
     lags = [r["lag"] for r in recs if "lag" in r]
     slo_ok = [r for r in ok_done if r.get("ttft", 1e9) <= 1.0]
     all_ttft = ttft + censored

@@ -18,6 +18,7 @@ end time, content events received, and the outcome:
   ok        200, `data: [DONE]` received, and max_tokens content events
   rejected  429, 503 or 529 (the time to the status line is the rejection latency)
   error     any other status, a broken or short stream, a connect/read error
+  timeout   not finished within --timeout seconds of its start (then closed by the client)
   cut       still running when the run's hard end (duration + drain) came
 
 `--closed N` instead runs N concurrent request loops (closed loop), for measuring an
@@ -45,11 +46,24 @@ from spillbench.http import Stream, chat_post, is_chunked
 
 
 # --- the runner ---------------------------------------------------------------------------
-async def fetch(host, port, req, sched, t0, rec, max_tokens):
+async def fetch(host, port, req, sched, t0, rec, max_tokens, timeout=None):
     """One request on its own connection; fills `rec` in place (so a cut request keeps what
-    it saw). Times are from t0 (loop time); latencies from the scheduled arrival `sched`."""
+    it saw). Times are from t0 (loop time); latencies from the scheduled arrival `sched`.
+    With `timeout` (seconds), the client gives up on it that long after it started."""
     loop = asyncio.get_running_loop()
     rec["lag"] = loop.time() - t0 - sched
+    if not timeout:
+        return await exchange(host, port, req, sched, t0, rec, max_tokens)
+    try:
+        await asyncio.wait_for(exchange(host, port, req, sched, t0, rec, max_tokens), timeout)
+    except asyncio.TimeoutError:
+        rec["outcome"] = rec["why"] = "timeout"
+        rec["end"] = loop.time() - t0
+
+
+async def exchange(host, port, req, sched, t0, rec, max_tokens):
+    """fetch's request and response."""
+    loop = asyncio.get_running_loop()
     writer = None
     try:
         reader, writer = await asyncio.open_connection(host, port)
@@ -126,12 +140,14 @@ def timed(coro):
 
 
 def run_meta(a, recs, wall, cpu, elapsed):
-    """The metadata line's common fields (a: the parsed arguments)."""
+    """The metadata line's common fields (a: the parsed arguments; a.t0_unix, when the runner
+    set it, is the wall-clock time of its t0, to place outside events on the run's clock)."""
     return {
         "meta": True, "label": a.label, "rate": a.rate, "closed": a.closed,
         "arrivals": a.arrivals, "duration": a.duration, "drain": a.drain,
         "max_tokens": a.max_tokens, "seed": a.seed, "requests": len(recs),
         "wall_s": wall, "cpu_s": cpu, "cpu_share": cpu / max(wall, 1e-9), "elapsed_s": elapsed,
+        "timeout": getattr(a, "timeout", None), "t0_unix": getattr(a, "t0_unix", None),
     }
 
 
@@ -153,6 +169,8 @@ def add_run_args(p):
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--label", default="")
+    p.add_argument("--timeout", type=float, default=0,
+                   help="seconds a request may take before the client gives up (0: no limit)")
 
 
 # --- the single-prompt workload -----------------------------------------------------------
@@ -199,7 +217,7 @@ def req_for(args, req, rec):
 
 def one(args, req, rec, t0):
     return fetch(args.host, args.port_for(rec["i"]), req_for(args, req, rec), rec["sched"], t0,
-                 rec, args.max_tokens)
+                 rec, args.max_tokens, args.timeout)
 
 
 async def open_loop(args, req):
@@ -207,7 +225,7 @@ async def open_loop(args, req):
     times = arrivals(random.Random(args.seed), args.rate, args.duration, args.arrivals)
     recs = [{"i": i, "sched": a, "outcome": "cut"} for i, a in enumerate(times)]
     tasks = []
-    t0 = loop.time()
+    t0, args.t0_unix = loop.time(), time.time()
     for rec in recs:
         await sleep_until(t0 + rec["sched"])
         tasks.append(asyncio.create_task(one(args, req, rec, t0)))
@@ -217,7 +235,7 @@ async def open_loop(args, req):
 
 async def closed_loop(args, req):
     loop = asyncio.get_running_loop()
-    t0 = loop.time()
+    t0, args.t0_unix = loop.time(), time.time()
     recs = []
 
     async def runner(k):

@@ -10,6 +10,7 @@ use monoio::net::tcp::TcpOwnedWriteHalf;
 
 use super::Mock;
 use crate::clock;
+use crate::fault::{self, Behaviour};
 use crate::http::{self, HttpError, INITIAL_READ_BUF, Method, RequestHead, parse_request};
 use crate::openai::{self, Api, ApiError, Generate};
 use crate::reader::Reader;
@@ -53,6 +54,8 @@ enum Action {
     },
     /// With the prompt's prefix block hashes (empty without prefix caching).
     Generate(Generate, Vec<u64>),
+    /// Never answer (a fault mode): the connection stays open until the client leaves.
+    Hang,
 }
 
 impl Action {
@@ -79,6 +82,8 @@ impl Conn {
             let (head, total) = match self.read_request().await {
                 Ok(Some(request)) => request,
                 Ok(None) => return,
+                // A hung engine answers nothing, not even malformed requests.
+                Err(_) if self.mock.fault.hung() => return self.hang().await,
                 Err(e) => {
                     let status = e.status();
                     let body = ApiError {
@@ -110,6 +115,10 @@ impl Conn {
                     self.generate(g, prefix, head.minor_version == 1, keep)
                         .await
                 }
+                Action::Hang => {
+                    self.hang().await;
+                    false
+                }
             };
             if !keep {
                 return;
@@ -134,7 +143,7 @@ impl Conn {
         };
         let total = head.head_len + head.content_length as usize;
         self.reader.reserve_total(total);
-        if head.expect_continue && self.reader.buf().len() < total {
+        if head.expect_continue && self.reader.buf().len() < total && !self.mock.fault.hung() {
             self.out.clear();
             self.out.extend_from_slice(b"HTTP/1.1 100 Continue\r\n\r\n");
             if !self.flush().await {
@@ -149,15 +158,67 @@ impl Conn {
         Ok(Some((head, total)))
     }
 
-    /// Reads more of the request; false when the client closed, failed or idled out.
+    /// Reads more of the request; false when the client closed, failed or idled out. A
+    /// hung engine closes nothing: while it hangs, an idle connection stays open.
     async fn fill(&mut self) -> bool {
-        matches!(
-            monoio::time::timeout(KEEP_ALIVE_IDLE, self.reader.fill()).await,
-            Ok(Ok(n)) if n > 0
-        )
+        loop {
+            // A timeout leaves the read in flight in the reader; the next call resumes it.
+            match monoio::time::timeout(KEEP_ALIVE_IDLE, self.reader.fill()).await {
+                Ok(Ok(n)) => return n > 0,
+                Ok(Err(_)) => return false,
+                Err(_) if self.mock.fault.hung() => {}
+                Err(_) => return false,
+            }
+        }
+    }
+
+    /// Answers nothing: reads and drops whatever the client sends until it closes.
+    async fn hang(&mut self) {
+        tracing::debug!("request left unanswered (fault mode)");
+        self.reader.consume(usize::MAX, INITIAL_READ_BUF);
+        while matches!(self.reader.fill().await, Ok(n) if n > 0) {
+            self.reader.consume(usize::MAX, INITIAL_READ_BUF);
+        }
+    }
+
+    /// `/fault` (always answered), then what the fault mode in force does to this path.
+    fn fault_action(&self, head: &RequestHead, body: &[u8]) -> Option<Action> {
+        let state = &self.mock.fault;
+        if head.path == "/fault" {
+            match head.method {
+                Method::Get | Method::Head => {}
+                Method::Post => match fault::parse_switch(body) {
+                    Ok((mode, period)) => {
+                        state.set(mode, period, clock::now());
+                        tracing::info!(fault = %mode, "fault mode switched");
+                    }
+                    Err(e) => return Some(Action::error(ApiError::bad_request(e))),
+                },
+                Method::Other => return Some(Action::method_not_allowed()),
+            }
+            return Some(Action::Reply {
+                status: 200,
+                content_type: "application/json",
+                body: fault::render(state.mode(), state.period()),
+            });
+        }
+        let api = head.path.starts_with("/v1/");
+        match state.behaviour(clock::now()) {
+            Behaviour::HangAll => Some(Action::Hang),
+            Behaviour::HangApi if api => Some(Action::Hang),
+            Behaviour::Fail if api => Some(Action::Reply {
+                status: 500,
+                content_type: "application/json",
+                body: fault::FAIL_BODY.to_vec(),
+            }),
+            _ => None,
+        }
     }
 
     fn decide(&self, head: &RequestHead, body: &[u8]) -> Action {
+        if let Some(action) = self.fault_action(head, body) {
+            return action;
+        }
         let cfg = &self.mock.cfg;
         let method = head.method;
         let read_only = matches!(method, Method::Get | Method::Head);

@@ -20,6 +20,7 @@ use monoio::net::TcpListener;
 
 use crate::MockConfig;
 use crate::clock;
+use crate::fault::FaultState;
 use crate::push::{self, Reports, Target};
 use crate::sim::{Engine, EngineConfig, Load, Micros, SeqId, Token};
 
@@ -35,6 +36,8 @@ pub struct Mock {
     slots: RefCell<HashMap<SeqId, Rc<Slot>>>,
     /// Wakes the scheduler when a request arrives.
     kick: Signal,
+    /// The fault mode in force.
+    fault: FaultState,
 }
 
 impl Mock {
@@ -58,6 +61,10 @@ impl Reports for Rc<Mock> {
 
     fn load(&self) -> Load {
         Mock::load(self)
+    }
+
+    fn paused(&self) -> bool {
+        self.fault.hung()
     }
 }
 
@@ -172,14 +179,21 @@ pub fn run(
             }
         };
         let push_interval = Duration::from_millis(cfg.push_interval_ms.max(1));
+        let epoch = clock::now();
+        let fault = FaultState::new(
+            cfg.fault,
+            Duration::from_millis(cfg.flap_period_ms.max(1)),
+            epoch,
+        );
         let mock = Rc::new(Mock {
             model_json: serde_json::to_string(&cfg.model).unwrap_or_else(|_| "\"\"".into()),
             engine: RefCell::new(Engine::new(engine_cfg.clone())),
             engine_cfg,
             cfg,
-            epoch: clock::now(),
+            epoch,
             slots: RefCell::new(HashMap::new()),
             kick: Signal::default(),
+            fault,
         });
         monoio::spawn(drive(mock.clone()));
         if let Some((target, worker)) = push {
