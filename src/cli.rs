@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 use spillway::Overrides;
-use spillway::config::{KV_EVENTS, KvOverrides, check_kv_overrides};
+use spillway::config::{CanaryOverrides, KV_EVENTS, KvOverrides, check_kv_overrides};
 use spillway::route::RouterMode;
 use spillway::shed::Thresholds;
 use spillway_mock::{MockConfig, defaults};
@@ -273,6 +273,11 @@ impl Knobs {
                 parse_bool,
             )?,
             kv: self.kv_overrides(env)?,
+            canary: CanaryOverrides {
+                enabled: knob(None, "DYN_HEALTH_CHECK_ENABLED", env, parse_bool)?,
+                wait_secs: knob(None, "DYN_CANARY_WAIT_TIME", env, number)?,
+                timeout_secs: knob(None, "DYN_HEALTH_CHECK_REQUEST_TIMEOUT", env, number)?,
+            },
             overload_status_env: env("DYN_HTTP_OVERLOAD_STATUS_CODE"),
             engine_request_limit: knob(
                 self.engine_request_limit,
@@ -433,6 +438,9 @@ mod tests {
             "DYN_ENGINE_REQUEST_LIMIT",
             "DYN_DYNAMO_REQUEST_QUEUE_LIMIT",
             "DYN_MIGRATION_LIMIT",
+            "DYN_HEALTH_CHECK_ENABLED",
+            "DYN_CANARY_WAIT_TIME",
+            "DYN_HEALTH_CHECK_REQUEST_TIMEOUT",
         ];
         for unset in ["None", "", "  "] {
             let env: Vec<(&str, &str)> = vars.iter().map(|v| (*v, unset)).collect();

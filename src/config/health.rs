@@ -33,6 +33,15 @@ impl RetryBudget {
     }
 }
 
+fn dynamo_canary(c: &CanaryOverrides) -> Option<CheckSettings> {
+    c.enabled.filter(|&on| on)?;
+    Some(CheckSettings {
+        interval_ms: c.wait_secs.unwrap_or(10).max(1).saturating_mul(1_000),
+        timeout_ms: c.timeout_secs.unwrap_or(3).max(1).saturating_mul(1_000),
+        ..CheckSettings::new(CheckKind::Canary)
+    })
+}
+
 impl Validator<'_> {
     pub(super) fn retry_budget(&self, f: &FileConfig) -> Result<RetryBudget, ConfigError> {
         let d = RetryBudget::default();
@@ -151,16 +160,21 @@ impl Validator<'_> {
     }
 
     /// Each model's checks: its own table, else the top-level one. Checks speak plain
-    /// HTTP, so a model with an `https://` worker must set `kind = "none"`.
+    /// HTTP, so a model with an `https://` worker must set `kind = "none"`. Without
+    /// `[health_check]`, `DYN_HEALTH_CHECK_ENABLED=true` gives every model Dynamo's
+    /// canary: one every `DYN_CANARY_WAIT_TIME` s (10) of no successful request, each
+    /// within `DYN_HEALTH_CHECK_REQUEST_TIMEOUT` s (3).
     pub(super) fn resolve_checks(
         &self,
         f: &FileConfig,
+        o: &Overrides,
         models: &mut [ModelConfig],
         workers: &[WorkerConfig],
     ) -> Result<(), ConfigError> {
-        let global = self
-            .health_check("health_check", &f.health_check)?
-            .flatten();
+        let global = match self.health_check("health_check", &f.health_check)? {
+            Some(file) => file,
+            None => dynamo_canary(&o.canary),
+        };
         for (mi, (m, fm)) in models.iter_mut().zip(&f.models).enumerate() {
             let key = format!("models[{mi}].health_check");
             let checks = match self.health_check(&key, &fm.health_check)? {

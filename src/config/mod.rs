@@ -86,6 +86,9 @@ pub struct LoadSources {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Overrides {
     pub thresholds: Thresholds,
+    /// Dynamo's canary checks: `DYN_HEALTH_CHECK_ENABLED`, `DYN_CANARY_WAIT_TIME`,
+    /// `DYN_HEALTH_CHECK_REQUEST_TIMEOUT` (seconds), for a file without `[health_check]`.
+    pub canary: CanaryOverrides,
     pub router_mode: Option<RouterMode>,
     /// `kv` routing's knobs (`--router-temperature`, ...).
     pub kv: KvOverrides,
@@ -101,6 +104,14 @@ pub struct Overrides {
     pub tls_cert_path: Option<String>,
     /// `--tls-key-path` / `DYN_TLS_KEY_PATH`: `tls.key` when the file sets none.
     pub tls_key_path: Option<String>,
+}
+
+/// Dynamo's canary health check settings, from its environment variables.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct CanaryOverrides {
+    pub enabled: Option<bool>,
+    pub wait_secs: Option<u64>,
+    pub timeout_secs: Option<u64>,
 }
 
 /// Where the configuration comes from, kept for reloads.

@@ -304,6 +304,29 @@ fn health_settings_defaults_overrides_and_errors() {
         let err = parse(&format!("{text}{MIN}")).unwrap_err().to_string();
         assert!(err.contains(want), "{text:?}: {err}");
     }
+    let dynamo = Overrides {
+        canary: CanaryOverrides {
+            enabled: Some(true),
+            wait_secs: Some(5),
+            timeout_secs: None,
+        },
+        ..Overrides::default()
+    };
+    let c = Config::parse(MIN, &dynamo).unwrap();
+    let canary = c.models[0].health_check.clone().unwrap();
+    assert_eq!(canary.kind, crate::health::CheckKind::Canary);
+    assert_eq!(
+        (canary.interval_ms, canary.timeout_ms),
+        (5_000, 3_000),
+        "Dynamo's 3 s timeout"
+    );
+    let file = Config::parse(&format!("[health_check]\n{MIN}"), &dynamo).unwrap();
+    let file_checks = file.models[0].health_check.clone().unwrap();
+    assert_eq!(
+        file_checks.kind,
+        crate::health::CheckKind::Http,
+        "the file wins"
+    );
     let https = "[health_check]\n[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"https://127.0.0.1:8443\"\n";
     let err = parse(https).unwrap_err().to_string();
     assert!(err.contains("health checks speak plain HTTP"), "{err}");

@@ -69,7 +69,7 @@ impl<'a> Validator<'a> {
     pub(super) fn config(&self, f: FileConfig, o: &Overrides) -> Result<Config, ConfigError> {
         let (cores, cpus) = self.cores(&f)?;
         let (mut models, workers) = self.models(&f.models, o)?;
-        self.resolve_checks(&f, &mut models, &workers)?;
+        self.resolve_checks(&f, o, &mut models, &workers)?;
         Ok(Config {
             listen: self.host_port("listen", &f.listen, DEFAULT_LISTEN)?,
             admin_listen: self.host_port("admin_listen", &f.admin_listen, DEFAULT_ADMIN_LISTEN)?,
