@@ -16,8 +16,9 @@ use crate::health::checks::{CheckResult, passes};
 use crate::runtime::clock;
 use crate::state::{SlotMap, SlotSet, Snapshot};
 
-/// How often the loop looks for checks that are due.
-const LOOP_MS: u64 = 50;
+/// How often the loop looks for checks that are due (a suspect worker's check starts
+/// within this of the suspicion; the cores give the suspicion the checks' timeout).
+const LOOP_MS: u64 = 20;
 
 /// When a worker's next check is due, and what it knew at its last.
 #[derive(Debug, Clone, Copy)]

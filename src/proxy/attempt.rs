@@ -54,7 +54,7 @@ pub(super) async fn attempt(
     );
     let mut resp = ResponseHead::default();
     let model = ex.req.model;
-    let hung = (model.check_interval_ms).map(|ms| HungWatch::new(ctx, worker, model.id, ms));
+    let hung = (model.stall_check_ms).map(|ms| HungWatch::new(ctx, worker, model.id, ms));
     match read_response_head(ex, &mut sent.stream, limits, &mut resp, hung.as_ref()).await {
         // The worker had closed the pooled connection: once more, on a fresh one.
         Err(AttemptError::Hangup) if sent.reused => {

@@ -19,19 +19,19 @@ use crate::http::{HttpError, Limits};
 use crate::runtime::clock;
 use crate::state::Worker;
 
-/// How often a wait on a suspect worker looks whether the monitor took it out of rotation.
-const SUSPECT_POLL: Duration = Duration::from_millis(50);
-
 /// Watches a wait for a head for its worker hanging (docs/behaviour.md §22.4): once the
 /// request waited a check interval and no core got a head from the worker in that time,
-/// nor did a check pass, the worker is suspect: new requests avoid it and the monitor
-/// checks it at once. When that check fails the worker leaves rotation, and the wait
-/// ends so that another worker can take the request.
+/// nor did a check pass, the worker is suspect: new requests avoid it and the control
+/// thread checks it at once. A suspicion that no check clears within the checks' timeout
+/// (or a check that fails first) means the worker hangs, and the wait ends so that
+/// another worker can take the request; unless the model ignores health (§22.7).
 pub(super) struct HungWatch<'a> {
-    pub ctx: &'a CoreCtx,
-    pub worker: &'a Worker,
-    pub model_id: u32,
-    pub interval_ms: u64,
+    ctx: &'a CoreCtx,
+    worker: &'a Worker,
+    model_id: u32,
+    /// The checks' interval and timeout.
+    interval_ms: u64,
+    timeout_ms: u64,
     next: Cell<Instant>,
 }
 
@@ -40,7 +40,7 @@ impl<'a> HungWatch<'a> {
         ctx: &'a CoreCtx,
         worker: &'a Worker,
         model_id: u32,
-        interval_ms: u64,
+        (interval_ms, timeout_ms): (u64, u64),
     ) -> Self {
         let next = Cell::new(clock::now() + Duration::from_millis(interval_ms));
         HungWatch {
@@ -48,26 +48,33 @@ impl<'a> HungWatch<'a> {
             worker,
             model_id,
             interval_ms,
+            timeout_ms,
             next,
         }
     }
 
-    /// The next checkpoint, or `None` when the worker is out of rotation for hanging.
+    /// The next checkpoint, or `None` when the worker hangs.
     fn checkpoint(&self, now: Instant) -> Option<Instant> {
         let state = &self.worker.state;
+        let now_ms = clock::now_ms();
         if !state.is_suspect() {
-            state.stalled(clock::now_ms(), self.interval_ms);
+            state.stalled(now_ms, self.interval_ms);
         }
-        let next = if state.is_suspect() {
+        let (out, ignored) = {
             let busy = &mut self.ctx.busy.borrow_mut();
             let busy = busy.load();
-            if busy.is_unhealthy(state.slot) && !busy.panics(self.model_id) {
-                return None;
-            }
-            now + SUSPECT_POLL
-        } else {
-            now + Duration::from_millis(self.interval_ms)
+            (busy.is_unhealthy(state.slot), busy.panics(self.model_id))
         };
+        let wait_ms = match state.suspect_since() {
+            _ if ignored => self.interval_ms,
+            None => self.interval_ms,
+            Some(_) if out => return None,
+            Some(since) => match (since + self.timeout_ms).checked_sub(now_ms) {
+                Some(left) if left > 0 => left,
+                _ => return None,
+            },
+        };
+        let next = now + Duration::from_millis(wait_ms);
         self.next.set(next);
         Some(next)
     }

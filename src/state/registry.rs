@@ -191,7 +191,7 @@ impl Registry {
             members,
             metrics,
             kv,
-            check_interval_ms: m.health_check.as_ref().map(|c| c.interval_ms),
+            stall_check_ms: (m.health_check.as_ref()).map(|c| (c.interval_ms, c.timeout_ms)),
         }
     }
 

@@ -62,9 +62,10 @@ pub struct Model {
     pub metrics: Arc<ModelMetrics>,
     /// `kv` mode's settings and predicted-cache index (`None` in other modes).
     pub kv: Option<Arc<KvRouting>>,
-    /// Its health checks' interval, when it has checks: a wait for a head that long
-    /// makes a silent worker suspect.
-    pub check_interval_ms: Option<u64>,
+    /// Its health checks' interval and timeout, when it has checks: a wait for a head
+    /// the interval long makes a silent worker suspect, and a suspicion no check clears
+    /// within the timeout ends the waits on it.
+    pub stall_check_ms: Option<(u64, u64)>,
 }
 
 /// A `kv` model's routing state, kept across reloads while its members, their capacities

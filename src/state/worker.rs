@@ -27,9 +27,10 @@ pub struct WorkerState {
     held_until_ms: AtomicU64,
     /// When the latest refusal hold began (monotonic ms).
     held_since_ms: AtomicU64,
-    /// Set by a core whose request waited a check interval for a head while the worker
-    /// answered nothing; cleared by the monitor when a check passes. New requests avoid it.
-    suspect: AtomicBool,
+    /// Since when (monotonic ms, 0: not) the worker is suspect: set by a core whose
+    /// request waited a check interval for a head while the worker answered nothing;
+    /// cleared by the monitor when a check passes. New requests avoid it.
+    suspect_since_ms: AtomicU64,
     /// When a check last passed (written by the monitor).
     check_passed_ms: AtomicU64,
     /// The monitor opened its trial after an ejection; the core whose request takes the
@@ -88,7 +89,7 @@ impl WorkerState {
             failures: AtomicU32::new(0),
             held_until_ms: AtomicU64::new(0),
             held_since_ms: AtomicU64::new(0),
-            suspect: AtomicBool::new(false),
+            suspect_since_ms: AtomicU64::new(0),
             check_passed_ms: AtomicU64::new(0),
             trial_open: AtomicBool::new(false),
             tracked: (0..cores)
@@ -169,7 +170,13 @@ impl WorkerState {
     /// Whether new requests avoid the worker until a check passes.
     #[inline]
     pub fn is_suspect(&self) -> bool {
-        self.suspect.load(Ordering::Relaxed)
+        self.suspect_since_ms.load(Ordering::Relaxed) != 0
+    }
+
+    /// Since when the worker is suspect, if it is.
+    #[inline]
+    pub fn suspect_since(&self) -> Option<u64> {
+        Some(self.suspect_since_ms.load(Ordering::Relaxed)).filter(|&ms| ms != 0)
     }
 
     /// A request waited `interval_ms` for a head at `now_ms`: the worker is suspect when
@@ -185,13 +192,16 @@ impl WorkerState {
         if answered.unwrap_or(0) > since || self.check_passed_ms.load(Ordering::Relaxed) > since {
             return false;
         }
-        !self.suspect.swap(true, Ordering::Relaxed)
+        let now_ms = now_ms.max(1);
+        (self.suspect_since_ms)
+            .compare_exchange(0, now_ms, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
     }
 
     /// A check passed at `now_ms` (the monitor): the worker is not suspect.
     pub fn check_passed(&self, now_ms: u64) {
         self.check_passed_ms.fetch_max(now_ms, Ordering::Relaxed);
-        self.suspect.store(false, Ordering::Relaxed);
+        self.suspect_since_ms.store(0, Ordering::Relaxed);
     }
 
     /// The monitor opens (or closes) the worker's trial after an ejection.
@@ -372,6 +382,11 @@ mod tests {
         assert!(!w.stalled(10_000, 2_000), "core 1 got a head 1 s ago");
         assert!(w.stalled(11_500, 2_000));
         assert!(w.is_suspect() && !w.stalled(11_600, 2_000), "once");
+        assert_eq!(
+            w.suspect_since(),
+            Some(11_500),
+            "the first one says since when"
+        );
         w.check_passed(11_700);
         assert!(!w.is_suspect());
         assert!(
