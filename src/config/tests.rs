@@ -304,6 +304,11 @@ fn health_settings_defaults_overrides_and_errors() {
         let err = parse(&format!("{text}{MIN}")).unwrap_err().to_string();
         assert!(err.contains(want), "{text:?}: {err}");
     }
+}
+
+/// Issue 28: Dynamo's canary variables, for a file without `[health_check]`.
+#[test]
+fn dynamo_canary_variables_give_every_model_a_canary() {
     let dynamo = Overrides {
         canary: CanaryOverrides {
             enabled: Some(true),
