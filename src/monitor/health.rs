@@ -53,8 +53,10 @@ impl HealthTable {
             let h = (self.workers)
                 .entry(w.state.slot)
                 .or_insert_with(|| WorkerHealth::new(w.state.outcomes()));
+            let provisional = w.state.take_provisional() && !h.ejected();
             match h.step(w.state.outcomes(), now, &s) {
                 Some(Change::EjectDue(reason)) => due.push((i, reason)),
+                _ if provisional => due.push((i, EjectReason::ConsecutiveFailures)),
                 Some(Change::TrialOpened) => {
                     w.state.set_trial(true);
                     tracing::info!(worker = %w.cfg.name, "ejection over: one trial request may try the worker");

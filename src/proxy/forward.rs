@@ -210,7 +210,7 @@ async fn attempts(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, stage: &mut InStage<
         let cells = &model.metrics.cores[ctx.id];
         let may_retry = || tries.may_retry(snap, model, cells);
         let result = attempt(ctx, ex, worker, picked.cached_tokens, stage, may_retry).await;
-        count_outcome(ctx, worker, &result, snap.config.overload_status_code);
+        count_outcome(ctx, (snap, model), worker, &result);
         let e = match result {
             Ok(Done { keep_alive, status }) => return Forwarded::Done { keep_alive, status },
             Err(e) if e.retry_reason().is_some() && retry(ctx, &ex.req, &e, &mut tries) => {
@@ -261,17 +261,42 @@ fn ended(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, e: AttemptError) -> Forwarded
 /// doing count for nothing.
 fn count_outcome(
     ctx: &CoreCtx,
+    (snap, model): (&Snapshot, &Model),
     worker: &Worker,
     result: &Result<Done, AttemptError>,
-    overload: u16,
 ) {
+    let overload = snap.config.overload_status_code;
     let failure = match result {
         Ok(done) => failed(done.status, overload).then_some(false),
         Err(e) => e.failure(),
     };
-    worker.state.outcome(ctx.id, failure);
+    let in_a_row = worker.state.outcome(ctx.id, failure);
     if failure.is_some() {
         ctx.note_failure(worker.state.slot as usize, clock::now_ms());
+        let outlier = &snap.config.outlier;
+        if outlier.enabled && in_a_row >= outlier.consecutive_failures.max(1) {
+            out_at_once(ctx, snap, model, worker);
+        }
+    }
+}
+
+/// Failures in a row reached the threshold: out of rotation at once, without waiting for
+/// the monitor's pass (which ejects it, or says no and puts it back), unless that would
+/// leave `model` fewer than its healthy share by what this core sees.
+fn out_at_once(ctx: &CoreCtx, snap: &Snapshot, model: &Model, worker: &Worker) {
+    if worker.state.is_provisional() {
+        return;
+    }
+    let busy = &mut ctx.busy.borrow_mut();
+    let busy = busy.load();
+    let out = (model.members.iter())
+        .map(|m| &snap.workers[m.worker as usize].state)
+        .filter(|w| w.is_provisional() || busy.is_unhealthy(w.slot))
+        .count();
+    let allowed =
+        crate::health::max_ejected(model.members.len(), snap.config.outlier.min_healthy_percent);
+    if out < allowed && !busy.is_unhealthy(worker.state.slot) {
+        worker.state.set_provisional();
     }
 }
 

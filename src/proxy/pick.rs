@@ -91,7 +91,8 @@ fn pick_once(
     let state = |i: usize| {
         let m = model.members[i];
         let w = &snap.workers[m.worker as usize].state;
-        let unhealthy = w.is_suspect() || (busy.is_unhealthy(w.slot) && !w.trial_open());
+        let unhealthy =
+            w.is_suspect() || w.is_provisional() || (busy.is_unhealthy(w.slot) && !w.trial_open());
         let penalty = ctx.failure_penalty(w.slot as usize, now);
         let mut s = MemberState {
             unreachable: w.is_down(now) || ex.failed & bit(i) != 0 || (unhealthy && !panic),

@@ -27,6 +27,11 @@ pub struct WorkerState {
     held_until_ms: AtomicU64,
     /// When the latest refusal hold began (monotonic ms).
     held_since_ms: AtomicU64,
+    /// Failed attempts in a row, over all cores (a success resets it).
+    in_a_row: AtomicU32,
+    /// Set by the core whose failure made `in_a_row` reach the ejection threshold: out of
+    /// rotation at once, until the monitor's next pass ejects it or says no.
+    provisional: AtomicBool,
     /// Since when (monotonic ms, 0: not) the worker is suspect: set by a core whose
     /// request waited a check interval for a head while the worker answered nothing;
     /// cleared by the monitor when a check passes. New requests avoid it.
@@ -89,6 +94,8 @@ impl WorkerState {
             failures: AtomicU32::new(0),
             held_until_ms: AtomicU64::new(0),
             held_since_ms: AtomicU64::new(0),
+            in_a_row: AtomicU32::new(0),
+            provisional: AtomicBool::new(false),
             suspect_since_ms: AtomicU64::new(0),
             check_passed_ms: AtomicU64::new(0),
             trial_open: AtomicBool::new(false),
@@ -222,19 +229,43 @@ impl WorkerState {
     }
 
     /// Counts an attempt's outcome on core `core`: `Some(connect)` a failure (a failed
-    /// connect or not), `None` a success.
+    /// connect or not), `None` a success. Returns the failures in a row so far.
     #[inline]
-    pub fn outcome(&self, core: usize, failure: Option<bool>) {
+    pub fn outcome(&self, core: usize, failure: Option<bool>) -> u32 {
         let t = &self.tracked[core];
         match failure {
-            None => crate::state::counters::add(&t.ok, 1),
+            None => {
+                crate::state::counters::add(&t.ok, 1);
+                if self.in_a_row.load(Ordering::Relaxed) != 0 {
+                    self.in_a_row.store(0, Ordering::Relaxed);
+                }
+                0
+            }
             Some(connect) => {
                 crate::state::counters::add(&t.failed, 1);
                 if connect {
                     crate::state::counters::add(&t.connect_failed, 1);
                 }
+                self.in_a_row
+                    .fetch_add(1, Ordering::Relaxed)
+                    .saturating_add(1)
             }
         }
+    }
+
+    /// Out of rotation until the monitor's next pass decides (see `provisional`).
+    pub fn set_provisional(&self) {
+        self.provisional.store(true, Ordering::Relaxed);
+    }
+
+    #[inline]
+    pub fn is_provisional(&self) -> bool {
+        self.provisional.load(Ordering::Relaxed)
+    }
+
+    /// The monitor takes the mark to decide on it.
+    pub fn take_provisional(&self) -> bool {
+        self.provisional.swap(false, Ordering::Relaxed)
     }
 
     /// Sum over cores of the attempts' outcomes so far.

@@ -238,11 +238,13 @@ fn dechunk(b: &[u8]) -> Result<(Vec<u8>, Option<usize>), String> {
     }
 }
 
-/// A whole response is the worker's, complete, for this request (200 and the relayed
-/// 500), or one of Spillway's own answers.
+/// A whole response is the worker's, complete, for this request (200 and a relayed
+/// 500), or one of Spillway's own answers (a 500 among them: the worker's failure was
+/// retried and no other worker could take it, docs/behaviour.md §22.5).
 fn check_whole(tag: &str, w: &Whole) -> Result<(), String> {
+    let relayed = w.status == 200 || lossy(&w.body).contains("\"id\":\"");
     match w.status {
-        200 | 500 => {
+        200 | 500 if relayed => {
             check_ids(tag, &w.body, true)?;
             let complete = match w.sse {
                 true => w.body.ends_with(b"data: [DONE]\n\n"),
@@ -253,7 +255,7 @@ fn check_whole(tag: &str, w: &Whole) -> Result<(), String> {
                 false => Err(format!("{} incomplete: {:?}", w.status, lossy(&w.body))),
             }
         }
-        502 | 503 | 504 | 529 => {
+        500 | 502 | 503 | 504 | 529 => {
             let v: serde_json::Value =
                 serde_json::from_slice(&w.body).map_err(|e| e.to_string())?;
             match v["message"].is_string() {
