@@ -92,16 +92,6 @@ fn a_worker_failing_fast_is_ejected_and_its_failures_retried_in_every_mode() {
         let (a, b, bad) = (healthy("a", 2), healthy("b", 2), failing());
         let p = proxy(1, &model("m", &mode(m), &[a.url(), b.url(), bad.url()]));
         let results = load(&p, 8, 1_000);
-        eprintln!(
-            "DEBUG {m}: failed {} exhausted {} retried {} bad {}",
-            failures(&results),
-            metric(&p, "spillway_retry_budget_exhausted_total{model=\"m\"}"),
-            metric(
-                &p,
-                "spillway_retries_total{model=\"m\",reason=\"status_5xx\"}"
-            ),
-            bad.count()
-        );
         assert!(
             failures(&results) <= 20,
             "{m}: {} of 1000 failed",
