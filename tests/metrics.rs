@@ -142,6 +142,18 @@ fn dynamo_token_and_stage_series() {
         200
     );
 
+    // A request's gauges come down just after its last byte reaches the client.
+    eventually(
+        "the requests' gauges are back to 0",
+        Duration::from_secs(5),
+        || {
+            let text = metrics(p.admin_addr);
+            ["u", "s"].iter().all(|m| {
+                let active = format!("dynamo_frontend_active_requests{{model=\"{m}\"}}");
+                metric_value(&text, &active) == Some(0.0)
+            })
+        },
+    );
     let text = metrics(p.admin_addr);
     let v = |s: &str| metric_value(&text, s);
     // 800 prompt bytes + quotes ≈ 201 tokens at 4 bytes a token: the 210 bucket.
