@@ -434,6 +434,13 @@ load_sources = [\"tracked\"]
             held.url()
         ),
     );
+    // A core's count starts again with each busy set published: wait for the first
+    // (the control thread's start-up publish), or a late one restarts the count.
+    eventually(
+        "the first busy set is published",
+        Duration::from_secs(5),
+        || admin_get(p.admin_addr, "/load").json()["generation"].as_u64() >= Some(1),
+    );
     // 200 bytes of prompt (the quotes count) = 50 tokens each: 100 after two, over it
     // after three.
     let body = format!(r#"{{"model":"m","prompt":"{}"}}"#, "x".repeat(198));
