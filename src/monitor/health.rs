@@ -50,11 +50,12 @@ impl HealthTable {
         }
         let mut due: Vec<(usize, EjectReason)> = Vec::new();
         for (i, w) in snap.workers.iter().enumerate() {
+            let outcomes = w.state.outcomes();
             let h = (self.workers)
                 .entry(w.state.slot)
-                .or_insert_with(|| WorkerHealth::new(w.state.outcomes()));
+                .or_insert_with(|| WorkerHealth::new(outcomes));
             let provisional = w.state.take_provisional() && !h.ejected();
-            match h.step(w.state.outcomes(), now, &s) {
+            match h.step(outcomes, now, &s) {
                 Some(Change::EjectDue(reason)) => due.push((i, reason)),
                 _ if provisional => due.push((i, EjectReason::ConsecutiveFailures)),
                 Some(Change::TrialOpened) => {

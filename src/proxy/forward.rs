@@ -150,26 +150,32 @@ struct Tries<'m> {
 }
 
 impl Tries<'_> {
-    /// Whether a failed attempt could be retried: the limit not spent, not direct, and
-    /// room in the budget (or a place held already). No room is counted on `cells`.
+    /// Whether the request may still move to another worker: `migration_limit` (for
+    /// migrations and retries together) not spent, and not direct routing.
+    fn may_move(&self, snap: &Snapshot, model: &Model) -> bool {
+        self.migrations < snap.config.migration_limit && model.router_mode != RouterMode::Direct
+    }
+
+    /// Whether a failed attempt could be retried: it may move, and the budget has room
+    /// (or a place is held already). No room is counted on `cells`.
     fn may_retry(&self, snap: &Snapshot, model: &Model, cells: &ModelCore) -> bool {
-        let config = &snap.config;
-        if self.migrations >= config.migration_limit || model.router_mode == RouterMode::Direct {
+        if !self.may_move(snap, model) {
             return false;
         }
-        let allowed = || config.retry_budget.allowed(model.metrics.inflight());
-        let running = || {
-            model
-                .metrics
-                .retries_running
-                .load(std::sync::atomic::Ordering::Relaxed)
-        };
-        let room = self.retry.is_some() || running() < allowed();
+        let (running, allowed) = budget(snap, model);
+        let room =
+            self.retry.is_some() || running.load(std::sync::atomic::Ordering::Relaxed) < allowed;
         if !room {
             cells.retry_refused();
         }
         room
     }
+}
+
+/// The model's retry budget: the retries running now, and how many may run at once.
+fn budget<'m>(snap: &Snapshot, model: &'m Model) -> (&'m std::sync::atomic::AtomicU64, u64) {
+    let allowed = snap.config.retry_budget.allowed(model.metrics.inflight());
+    (&model.metrics.retries_running, allowed)
 }
 
 /// Picks and attempts workers until one answers, or none may take the request.
@@ -305,15 +311,15 @@ fn out_at_once(ctx: &CoreCtx, snap: &Snapshot, model: &Model, worker: &Worker) {
 /// worker does not need. Counts it either way.
 fn retry<'m>(ctx: &CoreCtx, req: &Outbound<'m>, e: &AttemptError, tries: &mut Tries<'m>) -> bool {
     let reason = e.retry_reason().unwrap_or(RetryReason::Malformed);
-    let (config, model) = (&req.snap.config, req.model);
+    let (snap, model) = (req.snap, req.model);
     let cells = &model.metrics.cores[ctx.id];
-    if tries.migrations >= config.migration_limit || model.router_mode == RouterMode::Direct {
+    if !tries.may_move(snap, model) {
         return false;
     }
     // A wait given up on a hung worker adds no load: the hung worker does none of it.
     if tries.retry.is_none() && reason != RetryReason::Stalled {
-        let allowed = config.retry_budget.allowed(model.metrics.inflight());
-        tries.retry = RetryPlace::take(&model.metrics.retries_running, allowed);
+        let (running, allowed) = budget(snap, model);
+        tries.retry = RetryPlace::take(running, allowed);
         if tries.retry.is_none() {
             cells.retry_refused();
             tracing::debug!(model = %model.name, reason = reason.label(), "retry budget spent: the failure goes to the client");
@@ -347,8 +353,7 @@ fn refused(
     }
     let migrations = tries.migrations;
     tracing::debug!(worker = %worker.cfg.name, ?refusal, migrations, "worker refused the request");
-    if migrations >= req.snap.config.migration_limit || req.model.router_mode == RouterMode::Direct
-    {
+    if !tries.may_move(req.snap, req.model) {
         return Some(refusal.to_client(why));
     }
     req.model.metrics.cores[ctx.id].migrated(refusal.reason());

@@ -66,13 +66,11 @@ impl<'a> HungWatch<'a> {
             (busy.is_unhealthy(state.slot), busy.panics(self.model_id))
         };
         let wait_ms = match state.suspect_since() {
-            _ if ignored => self.interval_ms,
-            None => self.interval_ms,
-            Some(_) if out => return None,
-            Some(since) => match (since + self.timeout_ms).checked_sub(now_ms) {
-                Some(left) if left > 0 => left,
+            Some(since) if !ignored => match (since + self.timeout_ms).checked_sub(now_ms) {
+                Some(left) if left > 0 && !out => left,
                 _ => return None,
             },
+            _ => self.interval_ms,
         };
         let next = now + Duration::from_millis(wait_ms);
         self.next.set(next);
