@@ -33,6 +33,7 @@ const ALL_THREE: Thresholds = Thresholds {
     active_decode_blocks_threshold: Some(0.85),
     active_prefill_tokens_threshold: Some(8192),
     active_prefill_tokens_threshold_frac: Some(1.5),
+    waiting_requests_threshold: None,
 };
 
 fn rank(decode: u64, prefill: u64) -> RankLoad {
@@ -42,6 +43,7 @@ fn rank(decode: u64, prefill: u64) -> RankLoad {
         active_prefill_tokens: Some(prefill),
         kv_total_blocks: Some(fleet::KV_TOTAL_BLOCKS),
         max_num_batched_tokens: Some(fleet::MAX_BATCHED_TOKENS),
+        waiting_requests: None,
     }
 }
 

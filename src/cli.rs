@@ -146,6 +146,10 @@ pub struct Knobs {
     /// [env: DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC].
     #[arg(long, global = true)]
     pub active_prefill_tokens_threshold_frac: Option<f64>,
+    /// Busy when the engine has more requests waiting in its own queue than this
+    /// [env: SPILLWAY_WAITING_REQUESTS_THRESHOLD].
+    #[arg(long, global = true)]
+    pub waiting_requests_threshold: Option<u64>,
     /// Router mode for models that do not set one [env: DYN_ROUTER_MODE].
     #[arg(long, global = true, value_parser = parse_router_mode)]
     pub router_mode: Option<RouterMode>,
@@ -261,6 +265,12 @@ impl Knobs {
                 active_prefill_tokens_threshold_frac: knob(
                     self.active_prefill_tokens_threshold_frac,
                     "DYN_ACTIVE_PREFILL_TOKENS_THRESHOLD_FRAC",
+                    env,
+                    number,
+                )?,
+                waiting_requests_threshold: knob(
+                    self.waiting_requests_threshold,
+                    "SPILLWAY_WAITING_REQUESTS_THRESHOLD",
                     env,
                     number,
                 )?,

@@ -290,7 +290,8 @@ fn metrics_are_vllm_shaped_and_read_by_spillways_scraper() {
     .workers[0]
         .clone();
     let ranks =
-        spillway::monitor::scrape::parse(spillway::config::MetricsFormat::Vllm, &text, &worker);
+        spillway::monitor::scrape::parse(spillway::config::MetricsFormat::Vllm, &text, &worker)
+            .ranks;
     assert_eq!(
         ranks,
         [spillway::monitor::scrape::ScrapedRank {
@@ -440,7 +441,8 @@ fn spillway_scrape_reads_the_mock_metrics() {
     .workers[0]
         .clone();
     assert_eq!(
-        spillway::monitor::scrape::parse(spillway::config::MetricsFormat::Vllm, &text, &worker),
+        spillway::monitor::scrape::parse(spillway::config::MetricsFormat::Vllm, &text, &worker)
+            .ranks,
         [spillway::monitor::scrape::ScrapedRank {
             kv_used_blocks: Some(517),
             kv_total_blocks: Some(2048),

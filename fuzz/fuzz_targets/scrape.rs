@@ -31,7 +31,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     for s in samples(text) {
-        for key in ["engine", "dp_rank", "num_gpu_blocks", "model_name"] {
+        for key in ["engine", "dp_rank", "num_gpu_blocks", "model_name", "priority"] {
             let _ = s.label(key);
         }
     }
@@ -40,7 +40,7 @@ fuzz_target!(|data: &[u8]| {
         MetricsFormat::Sglang,
         MetricsFormat::Llamacpp,
     ] {
-        let ranks = parse(format, text, worker());
+        let ranks = parse(format, text, worker()).ranks;
         assert!(ranks.len() <= MAX_DP_SIZE as usize, "{} ranks", ranks.len());
     }
 });

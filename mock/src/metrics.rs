@@ -91,13 +91,14 @@ pub fn render(out: &mut String, model: &str, cfg: &EngineConfig, load: &Load) {
         out,
         "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n\
          # TYPE vllm:cache_config_info gauge\n\
-         vllm:cache_config_info{{block_size=\"{}\",cache_dtype=\"auto\",enable_prefix_caching=\"{}\",engine=\"0\",num_gpu_blocks=\"{}\"}} 1.0",
+         vllm:cache_config_info{{block_size=\"{}\",cache_dtype=\"auto\",enable_prefix_caching=\"{}\",engine=\"0\",kv_cache_size_tokens=\"{}\",num_gpu_blocks=\"{}\"}} 1.0",
         cfg.block_size,
         if cfg.enable_prefix_caching {
             "True"
         } else {
             "False"
         },
+        cfg.kv_blocks * u64::from(cfg.block_size),
         cfg.kv_blocks
     );
 }
@@ -169,7 +170,7 @@ mod tests {
         ));
         assert!(text.contains("# TYPE vllm:num_preemptions_total counter\n"));
         assert!(text.ends_with(
-            "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"False\",engine=\"0\",num_gpu_blocks=\"2048\"} 1.0\n"
+            "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"False\",engine=\"0\",kv_cache_size_tokens=\"32768\",num_gpu_blocks=\"2048\"} 1.0\n"
         ));
         assert_eq!(text.lines().count(), 8 * 3 + 3);
     }

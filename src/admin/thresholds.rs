@@ -18,6 +18,8 @@ struct Body {
     active_prefill_tokens_threshold: Option<u64>,
     #[serde(default)]
     active_prefill_tokens_threshold_frac: Option<f64>,
+    #[serde(default)]
+    waiting_requests_threshold: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -32,6 +34,7 @@ struct Entry<'a> {
     active_decode_blocks_threshold: Option<f64>,
     active_prefill_tokens_threshold: Option<u64>,
     active_prefill_tokens_threshold_frac: Option<f64>,
+    waiting_requests_threshold: Option<u64>,
 }
 
 impl<'a> Entry<'a> {
@@ -41,6 +44,7 @@ impl<'a> Entry<'a> {
             active_decode_blocks_threshold: t.active_decode_blocks_threshold,
             active_prefill_tokens_threshold: t.active_prefill_tokens_threshold,
             active_prefill_tokens_threshold_frac: t.active_prefill_tokens_threshold_frac,
+            waiting_requests_threshold: t.waiting_requests_threshold,
         }
     }
 }
@@ -108,6 +112,7 @@ pub fn parse_post(req: &Request<'_>) -> Result<Update, AdminError> {
         active_decode_blocks_threshold: body.active_decode_blocks_threshold,
         active_prefill_tokens_threshold: body.active_prefill_tokens_threshold,
         active_prefill_tokens_threshold_frac: body.active_prefill_tokens_threshold_frac,
+        waiting_requests_threshold: body.waiting_requests_threshold,
     };
     thresholds.validate().map_err(AdminError::Invalid)?;
     Ok(Update {

@@ -165,6 +165,7 @@ pub struct FileModel {
     pub active_decode_blocks_threshold: Option<Spanned<f64>>,
     pub active_prefill_tokens_threshold: Option<u64>,
     pub active_prefill_tokens_threshold_frac: Option<Spanned<f64>>,
+    pub waiting_requests_threshold: Option<u64>,
     pub track_output_blocks: Option<bool>,
     /// The class of this model's requests that name none.
     pub class: Option<Spanned<String>>,
@@ -191,6 +192,8 @@ pub struct FileWorker {
     pub metrics_url: Option<Spanned<String>>,
     pub kv_total_blocks: Option<u64>,
     pub max_num_batched_tokens: Option<u64>,
+    /// The engine's slots (requests it runs at once, all ranks together).
+    pub total_slots: Option<Spanned<u64>>,
     pub dp_size: Option<Spanned<u32>>,
     pub block_size: Option<Spanned<u32>>,
     pub engine_request_limit: Option<Spanned<u32>>,

@@ -206,6 +206,9 @@ pub struct WorkerConfig {
     pub metrics_path: String,
     pub kv_total_blocks: Option<u64>,
     pub max_num_batched_tokens: Option<u64>,
+    /// The engine's slots (requests it runs at once, all ranks together), when known
+    /// from the file; llama.cpp's `/props` and pushed reports say it at run time.
+    pub total_slots: Option<u64>,
     pub dp_size: u32,
     pub block_size: u32,
     /// Engine slots (N); `None` = no admission cap.

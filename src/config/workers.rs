@@ -170,6 +170,7 @@ impl Validator<'_> {
                 .active_prefill_tokens_threshold_frac
                 .as_ref()
                 .map(|s| *s.get_ref()),
+            waiting_requests_threshold: m.waiting_requests_threshold,
         };
         if let Err(msg) = file_thresholds.validate() {
             let span = m
@@ -264,6 +265,10 @@ impl Validator<'_> {
             endpoint,
             kv_total_blocks: w.kv_total_blocks,
             max_num_batched_tokens: w.max_num_batched_tokens,
+            total_slots: match &w.total_slots {
+                Some(_) => Some(self.positive(&key("total_slots"), &w.total_slots, 0)?),
+                None => None,
+            },
             dp_size: match &w.dp_size {
                 Some(s) if *s.get_ref() == 0 || *s.get_ref() > MAX_DP_SIZE => {
                     let msg = format!("must be between 1 and {MAX_DP_SIZE}");

@@ -191,11 +191,20 @@ fn latencies(f: &mut Families, snap: &Snapshot) {
 /// Per worker and rank: the latest effective load the busy rule saw.
 fn worker_load(f: &mut Families, control: &Control, snap: &Snapshot, now: u64) {
     let staleness = snap.config.load_staleness_ms;
-    let (mut decode, mut prefill) = (Vec::new(), Vec::new());
+    let (mut decode, mut prefill, mut waiting) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut slots, mut missing) = (Vec::new(), Vec::new());
     for w in snap.workers.iter() {
         let Some(load) = control.monitor.table.workers.get(&w.state.slot) else {
             continue;
         };
+        let worker = [("worker_id", w.cfg.name.as_str())];
+        if let Some(n) = load.total_slots(&w.cfg) {
+            slots.push((labels(&worker), n as f64));
+        }
+        for metric in &load.scrape_missing {
+            let l = [("worker_id", w.cfg.name.as_str()), ("metric", metric)];
+            missing.push((labels(&l), 1.0));
+        }
         for r in 0..load.dp_size(&w.cfg) {
             let e = load.effective(r, &w.cfg, now, staleness);
             let rank = r.to_string();
@@ -210,6 +219,9 @@ fn worker_load(f: &mut Families, control: &Control, snap: &Snapshot, now: u64) {
             if let Some(v) = e.active_prefill_tokens {
                 prefill.push((labels(&l), v as f64));
             }
+            if let Some(v) = e.waiting_requests {
+                waiting.push((labels(&l), v as f64));
+            }
         }
     }
     f.gauge(
@@ -221,6 +233,21 @@ fn worker_load(f: &mut Families, control: &Control, snap: &Snapshot, now: u64) {
         "dynamo_frontend_worker_active_prefill_tokens",
         "Active prefill tokens queued per worker",
         prefill,
+    );
+    f.gauge(
+        "spillway_worker_waiting_requests",
+        "Requests waiting in the engine's own queue per worker and rank, as the busy rule saw them (waiting_requests_threshold)",
+        waiting,
+    );
+    f.gauge(
+        "spillway_worker_engine_slots",
+        "The engine's slots (requests it runs at once), as reported or configured (total_slots)",
+        slots,
+    );
+    f.gauge(
+        "spillway_scrape_missing",
+        "1 for each metric a scraped worker's engine family should export and its last scrape lacked",
+        missing,
     );
 }
 

@@ -213,6 +213,7 @@ impl Control {
         let snap = self.shared.snapshot.load_full();
         let now = clock::now_ms();
         self.monitor.refresh_tracked(&snap, now);
+        self.monitor.refresh_beyond_slots(&snap);
         self.monitor.adaptivity.step(&snap, now);
         (snap, now)
     }

@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use super::adaptive::Adaptivity;
 use super::load::{LoadTable, WorkerLoad, max_opt};
 use crate::config::{ModelConfig, WorkerConfig};
-use crate::shed::{Class, PrefillRoom, RankLoad, Thresholds, Why, rank_why};
+use crate::shed::{Class, RankLoad, Room, Thresholds, Why, rank_why};
 use crate::state::{BusySet, Member, MemberEntry, Model, Snapshot};
 use crate::state::{SlotMap, SlotSet};
 
@@ -90,8 +90,13 @@ pub fn evaluate_due(
         changed |= out.set_queue_cap_ms(model.id, cap);
         for member in model.members.iter() {
             let w = &snap.workers[member.worker as usize];
+            let counts_slots = || {
+                let load = table.workers.get(&w.state.slot);
+                load.and_then(|l| l.total_slots(&w.cfg)).is_some()
+            };
             let due = cfg.adaptive.is_some()
                 || w.cfg.load_sources.tracked
+                || (t.waiting_requests_threshold.is_some() && counts_slots())
                 || rule
                     .recheck
                     .get(member.id as usize)
@@ -251,7 +256,8 @@ fn evaluate_member(
     let entry = MemberEntry {
         busy: Class::ALL.map(|c| busy[c.index()].then_some(why[c.index()])),
         load: permille,
-        room: prefill_room(load, &w.cfg, ranks, max_batched, &by_class),
+        room: prefill_room(load, &w.cfg, ranks, max_batched, &by_class)
+            .with_slots(load.total_slots(&w.cfg), &by_class),
     };
     out.set_member(member.id, entry)
 }
@@ -265,11 +271,11 @@ fn prefill_room(
     ranks: usize,
     max_batched: Option<u64>,
     by_class: &[Thresholds; 3],
-) -> PrefillRoom {
+) -> Room {
     if ranks != 1 || !cfg.load_sources.tracked {
-        return PrefillRoom::default();
+        return Room::default();
     }
-    PrefillRoom::new(load.tracked_prefill(0), max_batched, by_class)
+    Room::new(load.tracked_prefill(0), max_batched, by_class)
 }
 
 /// The fullest known signal of a rank, in permille of its capacity (for least-loaded).

@@ -68,6 +68,12 @@ pub struct LoadEvent<'a> {
     pub kv_total_blocks: Option<u64>,
     pub max_num_batched_tokens: Option<u64>,
     pub dp_size: Option<u32>,
+    /// Requests waiting in the engine's queue (Dynamo's `WorkerStats` field name).
+    #[serde(default)]
+    pub num_requests_waiting: Option<u64>,
+    /// The engine's slots, all ranks together (Dynamo's `WorkerStats` field name).
+    #[serde(default)]
+    pub request_total_slots: Option<u64>,
 }
 
 /// Parses a `POST /load` body: one event, or an array of them. The first byte decides,

@@ -16,12 +16,14 @@ pub struct Timed {
     pub at: u64,
 }
 
-/// One source's view of a rank's three load signals.
+/// One source's view of a rank's load signals.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Signals {
     pub active_decode_blocks: Option<Timed>,
     pub kv_used_blocks: Option<Timed>,
     pub active_prefill_tokens: Option<Timed>,
+    /// Requests waiting in the engine's own queue.
+    pub waiting_requests: Option<Timed>,
 }
 
 impl Signals {
@@ -39,9 +41,11 @@ pub struct RankState {
     /// Capacity reported at runtime (load events, scrapes); overrides config.
     pub kv_total_blocks: Option<u64>,
     pub max_num_batched_tokens: Option<u64>,
-    /// Informational engine queue figures from scrapes (running, waiting requests).
+    /// Requests the engine runs, from scrapes (informational).
     pub running: Option<u64>,
-    pub waiting: Option<u64>,
+    /// Spillway's own requests beyond the engine's slots, as the last tick counted them
+    /// (known only where the slots are).
+    pub beyond_slots: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -49,6 +53,11 @@ pub struct WorkerLoad {
     pub ranks: Vec<RankState>,
     /// dp_size reported at runtime; overrides config.
     pub dp_size: Option<u32>,
+    /// The engine's slots (requests it runs at once) reported at runtime (llama.cpp's
+    /// `/props`, a pushed `request_total_slots`); overrides config.
+    pub total_slots: Option<u64>,
+    /// The metrics the last scrape expected and did not find (warned once each).
+    pub scrape_missing: Vec<&'static str>,
     /// When the last push or scrape arrived (SIGUSR1 dump, metrics).
     pub last_push: Option<u64>,
     pub last_scrape: Option<u64>,
@@ -71,6 +80,25 @@ impl WorkerLoad {
             .get(rank)
             .and_then(|r| r.tracked.active_prefill_tokens);
         tracked.map_or(0, |t| t.value)
+    }
+
+    /// The engine's slots: as reported, else as configured.
+    pub fn total_slots(&self, cfg: &WorkerConfig) -> Option<u64> {
+        self.total_slots.or(cfg.total_slots)
+    }
+
+    /// Counts Spillway's `at_engine` requests (in flight, not waiting at its gate) against
+    /// the engine's slots: those beyond wait in its queue, spread evenly over its ranks.
+    /// Nothing is counted while the slots are unknown.
+    pub fn count_at_engine(&mut self, at_engine: u64, cfg: &WorkerConfig) {
+        let Some(slots) = self.total_slots(cfg) else {
+            return;
+        };
+        let ranks = self.dp_size(cfg) as u64;
+        let beyond = at_engine.saturating_sub(slots).div_ceil(ranks);
+        for r in 0..ranks as usize {
+            self.rank_mut(r).beyond_slots = Some(beyond);
+        }
     }
 
     pub fn rank_mut(&mut self, rank: usize) -> &mut RankState {
@@ -136,6 +164,11 @@ impl WorkerLoad {
             ]),
             kv_total_blocks: r.kv_total_blocks.or(cfg.kv_total_blocks),
             max_num_batched_tokens: r.max_num_batched_tokens.or(cfg.max_num_batched_tokens),
+            waiting_requests: max_opt([
+                fresh(r.push.waiting_requests),
+                scrape.and_then(|s| fresh(s.waiting_requests)),
+                r.beyond_slots,
+            ]),
         };
         (load, until)
     }
@@ -338,11 +371,15 @@ fn apply(w: &mut WorkerLoad, e: &LoadEvent, now: u64) {
     r.push.active_decode_blocks = at(e.active_decode_blocks, r.push.active_decode_blocks);
     r.push.kv_used_blocks = at(e.kv_used_blocks, r.push.kv_used_blocks);
     r.push.active_prefill_tokens = at(e.active_prefill_tokens, r.push.active_prefill_tokens);
+    r.push.waiting_requests = at(e.num_requests_waiting, r.push.waiting_requests);
     if e.kv_total_blocks.is_some() {
         r.kv_total_blocks = e.kv_total_blocks;
     }
     if e.max_num_batched_tokens.is_some() {
         r.max_num_batched_tokens = e.max_num_batched_tokens;
+    }
+    if e.request_total_slots.is_some() {
+        w.total_slots = e.request_total_slots;
     }
 }
 
@@ -352,7 +389,7 @@ mod tests {
     use super::super::evaluate::{Latches, Rule, evaluate};
     use super::*;
     use crate::config::{Config, Overrides};
-    use crate::shed::{Class, Thresholds};
+    use crate::shed::{Class, Knob, Thresholds};
     use crate::state::BusySet;
     use std::collections::HashMap;
 
@@ -406,6 +443,57 @@ mod tests {
         assert_eq!(b.load(member_a), 600);
         // 1000 ms later the value is stale: unknown, so not busy.
         assert!(!busy_after(&s, &t, 1100).is_busy(Class::Standard, member_a));
+    }
+
+    /// The engine's queue as a busy signal: a pushed `num_requests_waiting`, and
+    /// Spillway's own requests beyond the engine's slots (configured, or pushed as
+    /// `request_total_slots`), over `waiting_requests_threshold`.
+    #[test]
+    fn waiting_requests_make_busy() {
+        let mut s = snap("total_slots = 4");
+        let mut t = LoadTable::default();
+        let member_a = s.models[0].members[0].id;
+        let mut th = thresholds(&s);
+        th.insert(
+            "m".into(),
+            Thresholds {
+                waiting_requests_threshold: Some(1),
+                ..Default::default()
+            },
+        );
+        let busy = |s: &Snapshot, t: &LoadTable, th: &HashMap<String, Thresholds>| {
+            let mut out = BusySet::default();
+            let rule = Rule {
+                thresholds: th,
+                adaptivity: &Adaptivity::default(),
+                latches: &mut Latches::default(),
+                recheck: &mut Vec::new(),
+            };
+            evaluate(s, t, rule, 100, &mut out);
+            out.why(Class::Standard, member_a)
+                .map(|w| (w.knob, w.value, w.threshold))
+        };
+        let push = r#"{"worker_id":"a","num_requests_waiting":2}"#;
+        assert_eq!(t.push(&s, &ev(push), 100), Ok(1));
+        assert_eq!(busy(&s, &t, &th), Some((Knob::WaitingRequests, 2.0, 1.0)));
+        let push = r#"{"worker_id":"a","num_requests_waiting":1}"#;
+        t.push(&s, &ev(push), 100).unwrap();
+        assert_eq!(busy(&s, &t, &th), None, "at the threshold is not over it");
+        // Six of Spillway's requests at a 4-slot engine: two wait there.
+        let cfg = s.workers[0].cfg.clone();
+        t.worker(s.workers[0].state.slot).count_at_engine(6, &cfg);
+        assert_eq!(busy(&s, &t, &th), Some((Knob::WaitingRequests, 2.0, 1.0)));
+        // A reported slot count wins over the file's.
+        let push = r#"{"worker_id":"a","request_total_slots":8}"#;
+        t.push(&s, &ev(push), 100).unwrap();
+        t.worker(s.workers[0].state.slot).count_at_engine(6, &cfg);
+        assert_eq!(busy(&s, &t, &th), None);
+        // Unknown slots: nothing counted.
+        s = snap("");
+        let mut t = LoadTable::default();
+        let cfg = s.workers[0].cfg.clone();
+        t.worker(s.workers[0].state.slot).count_at_engine(100, &cfg);
+        assert_eq!(busy(&s, &t, &th), None);
     }
 
     #[test]

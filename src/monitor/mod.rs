@@ -327,12 +327,13 @@ impl Monitor {
             .count()
     }
 
-    /// Stores one scrape's result for a worker (missing metrics become unknown).
+    /// Stores one scrape's result for a worker (missing metrics become unknown, and are
+    /// warned about once each) and the engine's slots when the scrape learnt them.
     pub fn apply_scrape(
         &mut self,
         snap: &Snapshot,
         slot: u32,
-        result: Result<String, String>,
+        (result, total_slots): (Result<String, String>, Option<u64>),
         now: u64,
     ) {
         let Some(w) = snap.workers.iter().find(|w| w.state.slot == slot) else {
@@ -349,20 +350,55 @@ impl Monitor {
                 return;
             }
         };
-        let ranks = scrape::parse(w.cfg.metrics_format, &text, &w.cfg);
+        let scraped = scrape::parse(w.cfg.metrics_format, &text, &w.cfg);
         w.state.load_reported(now);
         load.last_scrape = Some(now);
         load.scrape_error = None;
-        for (i, r) in ranks.iter().enumerate() {
+        if total_slots.is_some() {
+            load.total_slots = total_slots;
+        }
+        for metric in (scraped.missing.iter()).filter(|m| !load.scrape_missing.contains(m)) {
+            tracing::warn!(
+                worker = %w.cfg.name,
+                metric,
+                format = ?w.cfg.metrics_format,
+                "the engine does not export a metric this format reads; its signal stays unknown"
+            );
+        }
+        load.scrape_missing = scraped.missing;
+        let timed = |v: Option<u64>| v.map(|value| Timed { value, at: now });
+        for (i, r) in scraped.ranks.iter().enumerate() {
             let rank = load.rank_mut(i);
-            rank.scrape.kv_used_blocks = r.kv_used_blocks.map(|value| Timed { value, at: now });
+            rank.scrape.kv_used_blocks = timed(r.kv_used_blocks);
+            rank.scrape.waiting_requests = timed(r.waiting);
             rank.scrape.active_decode_blocks = None;
             rank.scrape.active_prefill_tokens = None;
             if r.kv_total_blocks.is_some() {
                 rank.kv_total_blocks = r.kv_total_blocks;
             }
             rank.running = r.running;
-            rank.waiting = r.waiting;
+        }
+    }
+
+    /// Spillway's own requests beyond each engine's slots, where the slots are known:
+    /// requests at the engine (in flight, less those waiting at its gate) over its slots
+    /// wait in its queue. Spread evenly over the worker's ranks; a fact of Spillway's own
+    /// routing, so it counts whatever the worker's load sources.
+    pub fn refresh_beyond_slots(&mut self, snap: &Snapshot) {
+        for w in snap.workers.iter() {
+            let reported = self.table.workers.get(&w.state.slot);
+            if reported
+                .and_then(|l| l.total_slots)
+                .or(w.cfg.total_slots)
+                .is_none()
+            {
+                continue;
+            }
+            let queued = w.gate.as_ref().map_or(0, |g| g.occupancy().1);
+            let at_engine = w.state.inflight_total().saturating_sub(queued);
+            self.table
+                .worker(w.state.slot)
+                .count_at_engine(at_engine, &w.cfg);
         }
     }
 }

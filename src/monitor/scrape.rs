@@ -100,12 +100,26 @@ pub struct ScrapedRank {
     pub waiting: Option<u64>,
 }
 
+/// What one scrape says: per rank (index = data-parallel rank), and the metrics the
+/// engine family should export that this text lacks (each by the name the README's
+/// engine table gives).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Scraped {
+    pub ranks: Vec<ScrapedRank>,
+    pub missing: Vec<&'static str>,
+}
+
 #[derive(Debug, Default)]
 struct Raw {
     usage: Option<f64>,
     legacy_usage: Option<f64>,
-    total_blocks: Option<u64>,
+    /// vLLM's `num_gpu_blocks` (the sum over ranks since vLLM 0.33's API server).
+    gpu_blocks: Option<u64>,
+    /// vLLM's per-rank `kv_cache_size_tokens` and `block_size`.
+    size_tokens: Option<u64>,
+    block_size: Option<u64>,
     total_tokens: Option<u64>,
+    used_tokens: Option<u64>,
     running: Option<u64>,
     waiting: Option<u64>,
 }
@@ -124,11 +138,16 @@ fn count(v: f64) -> Option<u64> {
     (v.is_finite() && v >= 0.0).then_some(v.round() as u64)
 }
 
+fn label_count(s: &Sample<'_>, key: &str) -> Option<u64> {
+    s.label(key).and_then(|v| v.parse().ok())
+}
+
 /// What a sample sets in its rank's [`Raw`].
 type Set = fn(&mut Raw, &Sample<'_>);
 
 /// The samples an engine family exports that we read: the label naming the rank (none:
-/// one rank) and what the sample sets.
+/// one rank) and what the sample sets. Names checked against vLLM 0.33.0, SGLang 0.5.23
+/// and llama.cpp 0c1e570 (README, "Engines").
 fn reading(format: MetricsFormat, name: &str) -> Option<(Option<&'static str>, Set)> {
     use MetricsFormat::{Llamacpp, Sglang, Vllm};
     let (vllm, sglang) = (Some("engine"), Some("dp_rank"));
@@ -136,15 +155,17 @@ fn reading(format: MetricsFormat, name: &str) -> Option<(Option<&'static str>, S
         (Vllm, "vllm:kv_cache_usage_perc") => (vllm, |r, s| r.usage = Some(s.value)),
         (Vllm, "vllm:gpu_cache_usage_perc") => (vllm, |r, s| r.legacy_usage = Some(s.value)),
         (Vllm, "vllm:cache_config_info") => (vllm, |r, s| {
-            r.total_blocks = s.label("num_gpu_blocks").and_then(|v| v.parse().ok())
+            r.gpu_blocks = label_count(s, "num_gpu_blocks");
+            r.size_tokens = label_count(s, "kv_cache_size_tokens");
+            r.block_size = label_count(s, "block_size");
         }),
         (Vllm, "vllm:num_requests_running") => (vllm, |r, s| r.running = count(s.value)),
         (Vllm, "vllm:num_requests_waiting") => (vllm, |r, s| r.waiting = count(s.value)),
-        (Sglang, "sglang:token_usage") => (sglang, |r, s| r.usage = Some(s.value)),
+        (Sglang, "sglang:token_usage") => (sglang, |r, s| r.legacy_usage = Some(s.value)),
+        (Sglang, "sglang:kv_used_tokens") => (sglang, |r, s| r.used_tokens = count(s.value)),
         (Sglang, "sglang:max_total_num_tokens") => (sglang, |r, s| r.total_tokens = count(s.value)),
         (Sglang, "sglang:num_running_reqs") => (sglang, |r, s| r.running = count(s.value)),
         (Sglang, "sglang:num_queue_reqs") => (sglang, |r, s| r.waiting = count(s.value)),
-        (Llamacpp, "llamacpp:kv_cache_usage_ratio") => (None, |r, s| r.usage = Some(s.value)),
         (Llamacpp, "llamacpp:requests_processing") => (None, |r, s| r.running = count(s.value)),
         (Llamacpp, "llamacpp:requests_deferred") => (None, |r, s| r.waiting = count(s.value)),
         _ => return None,
@@ -152,13 +173,60 @@ fn reading(format: MetricsFormat, name: &str) -> Option<(Option<&'static str>, S
     Some(set)
 }
 
-/// Maps an engine's metrics to per-rank signals (index = data-parallel rank).
-pub fn parse(format: MetricsFormat, text: &str, cfg: &WorkerConfig) -> Vec<ScrapedRank> {
+/// The metrics each family should export: the name reported missing, and the names any
+/// one of which supplies it.
+fn expected(format: MetricsFormat) -> &'static [(&'static str, &'static [&'static str])] {
+    match format {
+        MetricsFormat::Vllm => &[
+            (
+                "vllm:kv_cache_usage_perc",
+                &["vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"],
+            ),
+            ("vllm:cache_config_info", &["vllm:cache_config_info"]),
+            ("vllm:num_requests_running", &["vllm:num_requests_running"]),
+            ("vllm:num_requests_waiting", &["vllm:num_requests_waiting"]),
+        ],
+        MetricsFormat::Sglang => &[
+            (
+                "sglang:kv_used_tokens",
+                &["sglang:kv_used_tokens", "sglang:token_usage"],
+            ),
+            (
+                "sglang:max_total_num_tokens",
+                &["sglang:max_total_num_tokens"],
+            ),
+            ("sglang:num_running_reqs", &["sglang:num_running_reqs"]),
+            ("sglang:num_queue_reqs", &["sglang:num_queue_reqs"]),
+        ],
+        MetricsFormat::Llamacpp => &[
+            (
+                "llamacpp:requests_processing",
+                &["llamacpp:requests_processing"],
+            ),
+            (
+                "llamacpp:requests_deferred",
+                &["llamacpp:requests_deferred"],
+            ),
+        ],
+    }
+}
+
+/// Maps an engine's metrics to per-rank signals. A sample of one priority (SGLang's
+/// `priority` label, set) is skipped: the total is the series without one.
+pub fn parse(format: MetricsFormat, text: &str, cfg: &WorkerConfig) -> Scraped {
     let mut raw: Vec<Raw> = Vec::new();
+    let wanted = expected(format);
+    let mut seen = 0u32;
     for s in samples(text) {
         let Some((label, set)) = reading(format, s.name) else {
             continue;
         };
+        if let Some(i) = wanted.iter().position(|(_, names)| names.contains(&s.name)) {
+            seen |= 1 << i;
+        }
+        if s.label("priority").is_some_and(|p| !p.is_empty()) {
+            continue;
+        }
         let Some(rank) = rank_of(&s, label) else {
             continue;
         };
@@ -167,25 +235,45 @@ pub fn parse(format: MetricsFormat, text: &str, cfg: &WorkerConfig) -> Vec<Scrap
         }
         set(&mut raw[rank], &s);
     }
+    let missing = (wanted.iter().enumerate())
+        .filter(|(i, _)| seen & (1 << i) == 0)
+        .map(|(_, (name, _))| *name)
+        .collect();
+    let ranks = raw.len() as u64;
     let block = u64::from(cfg.block_size.max(1));
-    raw.into_iter()
+    let ranks = raw
+        .into_iter()
         .map(|r| {
-            let total = r
-                .total_blocks
-                .or(r.total_tokens.map(|t| t / block))
-                .or(cfg.kv_total_blocks);
+            let reported = capacity(&r, ranks, block);
+            let total = reported.or(cfg.kv_total_blocks);
             let usage = r
                 .usage
                 .or(r.legacy_usage)
                 .filter(|u| u.is_finite() && *u >= 0.0);
+            let used = match (r.used_tokens, r.total_tokens) {
+                (Some(used), Some(_)) => Some(used / block),
+                _ => usage.zip(total).map(|(u, t)| (u * t as f64).round() as u64),
+            };
             ScrapedRank {
-                kv_used_blocks: usage.zip(total).map(|(u, t)| (u * t as f64).round() as u64),
-                kv_total_blocks: r.total_blocks.or(r.total_tokens.map(|t| t / block)),
+                kv_used_blocks: used,
+                kv_total_blocks: reported,
                 running: r.running,
                 waiting: r.waiting,
             }
         })
-        .collect()
+        .collect();
+    Scraped { ranks, missing }
+}
+
+/// A rank's KV capacity in blocks of `block` tokens, as the engine reports it: vLLM's
+/// per-rank tokens over its block size, else its block count shared by the `ranks`;
+/// SGLang's token pool.
+fn capacity(r: &Raw, ranks: u64, block: u64) -> Option<u64> {
+    let vllm = match (r.size_tokens, r.block_size.filter(|&b| b > 0)) {
+        (Some(tokens), Some(size)) => Some(tokens / size),
+        _ => r.gpu_blocks.map(|b| b / ranks.max(1)),
+    };
+    vllm.or(r.total_tokens.map(|t| t / block))
 }
 
 /// GETs `path` from `addr` and returns the body text.
@@ -195,8 +283,35 @@ pub async fn fetch(
     path: &str,
     timeout: Duration,
 ) -> Result<String, String> {
+    get(addr, host, path, "text/plain", timeout).await
+}
+
+/// llama.cpp's slot count: `total_slots` of its `GET /props` (`None` when the server
+/// does not say).
+pub async fn llamacpp_slots(addr: SocketAddr, host: &str, timeout: Duration) -> Option<u64> {
+    let text = get(addr, host, "/props", "application/json", timeout).await;
+    props_slots(&text.ok()?)
+}
+
+/// `total_slots` of a llama.cpp `/props` body.
+pub fn props_slots(body: &str) -> Option<u64> {
+    #[derive(serde::Deserialize)]
+    struct Props {
+        total_slots: Option<u64>,
+    }
+    let props: Props = serde_json::from_str(body).ok()?;
+    props.total_slots.filter(|&n| n > 0)
+}
+
+async fn get(
+    addr: SocketAddr,
+    host: &str,
+    path: &str,
+    accept: &str,
+    timeout: Duration,
+) -> Result<String, String> {
     let req = format!(
-        "GET {path} HTTP/1.1\r\nhost: {host}\r\naccept: text/plain\r\nconnection: close\r\nuser-agent: spillway\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nhost: {host}\r\naccept: {accept}\r\nconnection: close\r\nuser-agent: spillway\r\n\r\n"
     );
     let (status, body) =
         match monoio::time::timeout(timeout, exchange(addr, req.into_bytes())).await {
@@ -274,137 +389,4 @@ pub(super) async fn exchange(addr: SocketAddr, request: Vec<u8>) -> Result<(u16,
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::config::{Config, Overrides};
-
-    fn worker(extra: &str) -> WorkerConfig {
-        let text = format!(
-            "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n{extra}\n"
-        );
-        Config::parse(&text, &Overrides::default()).unwrap().workers[0].clone()
-    }
-
-    const VLLM: &str = r#"# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
-# TYPE vllm:kv_cache_usage_perc gauge
-vllm:kv_cache_usage_perc{engine="0",model_name="Qwen/Qwen3-0.6B"} 0.5
-vllm:kv_cache_usage_perc{engine="1",model_name="Qwen/Qwen3-0.6B"} 0.25
-vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-0.6B"} 7.0
-vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-0.6B"} 2.0
-vllm:cache_config_info{block_size="16",cache_dtype="auto",engine="0",num_gpu_blocks="2000",prefix="a\"b,c=d"} 1.0
-vllm:cache_config_info{block_size="16",engine="1",num_gpu_blocks="1000"} 1.0
-"#;
-
-    #[test]
-    fn vllm() {
-        let r = parse(MetricsFormat::Vllm, VLLM, &worker(""));
-        assert_eq!(r.len(), 2);
-        assert_eq!(
-            r[0],
-            ScrapedRank {
-                kv_used_blocks: Some(1000),
-                kv_total_blocks: Some(2000),
-                running: Some(7),
-                waiting: Some(2)
-            }
-        );
-        assert_eq!(r[1].kv_used_blocks, Some(250));
-        assert_eq!(r[1].running, None);
-    }
-
-    #[test]
-    fn missing_metrics_are_unknown_not_zero() {
-        let r = parse(
-            MetricsFormat::Vllm,
-            "vllm:num_requests_running 3\n",
-            &worker(""),
-        );
-        assert_eq!(r[0].kv_used_blocks, None);
-        let r = parse(
-            MetricsFormat::Llamacpp,
-            "llamacpp:requests_processing 1\nllamacpp:requests_deferred 4\n",
-            &worker("kv_total_blocks = 100"),
-        );
-        assert_eq!(
-            r[0],
-            ScrapedRank {
-                kv_used_blocks: None,
-                kv_total_blocks: None,
-                running: Some(1),
-                waiting: Some(4)
-            }
-        );
-        assert!(parse(MetricsFormat::Sglang, "", &worker("")).is_empty());
-    }
-
-    #[test]
-    fn legacy_vllm_name_and_config_capacity() {
-        let r = parse(
-            MetricsFormat::Vllm,
-            "vllm:gpu_cache_usage_perc{model_name=\"x\"} 0.9\n",
-            &worker("kv_total_blocks = 100"),
-        );
-        assert_eq!(r[0].kv_used_blocks, Some(90));
-        assert_eq!(r[0].kv_total_blocks, None);
-    }
-
-    #[test]
-    fn sglang_and_llamacpp() {
-        let text = "sglang:token_usage{model_name=\"m\"} 0.75\nsglang:max_total_num_tokens{model_name=\"m\"} 3200\nsglang:num_queue_reqs{model_name=\"m\"} 5\n";
-        let r = parse(MetricsFormat::Sglang, text, &worker("block_size = 32"));
-        assert_eq!(
-            r[0],
-            ScrapedRank {
-                kv_used_blocks: Some(75),
-                kv_total_blocks: Some(100),
-                running: None,
-                waiting: Some(5)
-            }
-        );
-        let r = parse(
-            MetricsFormat::Llamacpp,
-            "llamacpp:kv_cache_usage_ratio 0.5\n",
-            &worker("kv_total_blocks = 10"),
-        );
-        assert_eq!(r[0].kv_used_blocks, Some(5));
-    }
-
-    /// Found by `fuzz/` (target `scrape`): a rank label sized the rank table (a huge one
-    /// overflowed or exhausted memory); ranks past `MAX_DP_SIZE` are ignored.
-    #[test]
-    fn rank_labels_are_bounded() {
-        let text = "vllm:num_requests_running{engine=\"18446744073709551615\"} 1\n\
-                    vllm:num_requests_running{engine=\"4000000000\"} 1\n\
-                    vllm:num_requests_running{engine=\"1024\"} 1\n\
-                    vllm:num_requests_running{engine=\"1\"} 2\n";
-        let r = parse(MetricsFormat::Vllm, text, &worker(""));
-        assert_eq!(r.len(), 2);
-        assert_eq!(r[1].running, Some(2));
-        let text = "sglang:num_queue_reqs{dp_rank=\"1023\"} 4\n";
-        assert_eq!(parse(MetricsFormat::Sglang, text, &worker("")).len(), 1024);
-    }
-
-    /// Found by `fuzz/` (target `scrape`): a `}` before the `{` sliced backwards.
-    #[test]
-    fn brace_before_label_set_is_skipped() {
-        for text in [
-            "}{",
-            "x} y{a=\"1\"\n",
-            "}{ 1\nvllm:num_requests_running 3\n",
-        ] {
-            let r = parse(MetricsFormat::Vllm, text, &worker(""));
-            assert!(r.len() <= 1, "{text:?}");
-        }
-        let s: Vec<_> = samples("}{ 1\nok 2\n").collect();
-        assert_eq!(s.len(), 1);
-        assert_eq!(s[0].name, "ok");
-    }
-
-    #[test]
-    fn label_escapes() {
-        let s: Vec<_> = samples("x{a=\"q\\\"uote\",b=\"plain\"} 1\n").collect();
-        assert_eq!(s[0].label("a").as_deref(), Some("q\"uote"));
-        assert_eq!(s[0].label("b").as_deref(), Some("plain"));
-        assert_eq!(s[0].label("c"), None);
-    }
-}
+mod tests;

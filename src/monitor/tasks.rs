@@ -7,6 +7,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use super::{Control, scrape};
+use crate::config::MetricsFormat;
 use crate::http::limits::{SCRAPE_TIMEOUT_MAX_MS, SCRAPE_TIMEOUT_MIN_MS};
 use crate::runtime::clock;
 use crate::state::SlotSet;
@@ -55,12 +56,20 @@ fn scrape_one(
 ) -> impl std::future::Future<Output = ()> + 'static {
     let (slot, addr) = (w.state.slot, w.metrics_addr);
     let (host, path) = (w.cfg.metrics.to_string(), w.cfg.metrics_path.clone());
+    // llama.cpp says its slot count in `/props` (asked each time: a restarted server
+    // may have another); a configured `total_slots` wins.
+    let props = w.cfg.metrics_format == MetricsFormat::Llamacpp && w.cfg.total_slots.is_none();
     async move {
         let result = scrape::fetch(addr, &host, &path, timeout).await;
+        let slots = match props && result.is_ok() {
+            true => scrape::llamacpp_slots(addr, &host, timeout).await,
+            false => None,
+        };
         in_flight.borrow_mut().remove(&slot);
         let mut c = control.borrow_mut();
         let snap = c.shared.snapshot.load_full();
-        c.monitor.apply_scrape(&snap, slot, result, clock::now_ms());
+        c.monitor
+            .apply_scrape(&snap, slot, (result, slots), clock::now_ms());
         c.republish();
     }
 }

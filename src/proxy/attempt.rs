@@ -9,7 +9,7 @@ use super::connect::{connect_and_send, retry_fresh};
 use super::core::CoreCtx;
 use super::error::AttemptError;
 use super::exchange::Exchange;
-use super::guards::{InStage, Tracked};
+use super::guards::{InStage, OnWorker, Tracked};
 use super::relay::relay;
 use super::response::{HungWatch, failed, read_response_head, refusal};
 use crate::http::response::ResponseHead;
@@ -35,6 +35,7 @@ pub(super) async fn attempt(
     stage: &mut InStage<'_>,
     may_retry: impl Fn() -> bool,
 ) -> Result<Done, AttemptError> {
+    let _on_worker = OnWorker::start(&worker.state, ctx.id);
     let limits = &ex.req.snap.config.limits;
     let waited = clock::now();
     // The adaptive mode cuts queue waits short while the model is overloaded.

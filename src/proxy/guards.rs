@@ -122,6 +122,27 @@ impl Drop for RetryPlace<'_> {
     }
 }
 
+/// One request bound for one worker, from its pick to its end (waiting at the worker's
+/// gate, connecting, in the engine): the worker's requests in flight on this core
+/// (power-of-two and least-loaded weigh them; the waiting-requests check counts them
+/// against the engine's slots the moment the request is picked).
+#[derive(Debug)]
+pub(super) struct OnWorker<'a>(&'a AtomicU64);
+
+impl<'a> OnWorker<'a> {
+    pub(super) fn start(state: &'a WorkerState, core: usize) -> OnWorker<'a> {
+        let cell = &state.tracked[core].inflight;
+        add(cell, 1);
+        OnWorker(cell)
+    }
+}
+
+impl Drop for OnWorker<'_> {
+    fn drop(&mut self) {
+        sub(self.0, 1);
+    }
+}
+
 /// Router-side accounting of one request on one worker (docs/behaviour.md §2.6): prefill
 /// tokens until the first byte of the response body, KV blocks until the end.
 #[derive(Debug)]
@@ -150,7 +171,6 @@ impl<'a> Tracked<'a> {
         let blocks = prompt_tokens.div_ceil(block_size);
         let prefill = prompt_tokens.saturating_sub(cached_tokens);
         let cell = &state.tracked[core];
-        add(&cell.inflight, 1);
         add(&cell.prefill_tokens, prefill);
         add(&cell.decode_blocks, blocks);
         Tracked {
@@ -196,7 +216,6 @@ impl<'a> Tracked<'a> {
 impl Drop for Tracked<'_> {
     fn drop(&mut self) {
         let cell = &self.state.tracked[self.core];
-        sub(&cell.inflight, 1);
         sub(&cell.prefill_tokens, self.prefill);
         sub(&cell.decode_blocks, self.blocks);
     }
@@ -220,6 +239,7 @@ mod tests {
         let snap = Snapshot::standalone(cfg, 2).unwrap();
         let state = &snap.workers[0].state;
         {
+            let _on = OnWorker::start(state, 1);
             let mut t = Tracked::start(state, 1, 100, 0, 16);
             assert_eq!(state.tracked[1].prefill_tokens.load(Relaxed), 100);
             assert_eq!(state.tracked[1].decode_blocks.load(Relaxed), 7);

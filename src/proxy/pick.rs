@@ -161,17 +161,26 @@ fn kv_state(ctx: &CoreCtx, req: &Outbound<'_>, w: &WorkerState, failures: u32) -
 }
 
 /// Whether member `i` is busy for the request by the busy rule, and why (when known): by
-/// the published set, else by the prefill this core routed there since it was published
-/// (the set's prefill room).
+/// the published set, else by the worker's room: the requests Spillway has at its engine
+/// now beyond the engine's slots, or the prefill this core routed there since the set was
+/// published.
 fn busy_why(ctx: &CoreCtx, req: &Outbound<'_>, busy: &BusySet, i: usize) -> Option<Option<Why>> {
     let m = req.model.members[i];
     if busy.is_busy(req.class, m.id) {
         return Some(busy.why(req.class, m.id));
     }
-    let slot = req.snap.workers[m.worker as usize].state.slot as usize;
-    match ctx.routed_since(slot, busy.generation) {
+    let room = busy.room(m.id);
+    let worker = &req.snap.workers[m.worker as usize];
+    if room.checks_waiting(req.class) {
+        let queued = worker.gate.as_ref().map_or(0, |g| g.occupancy().1);
+        let bound = worker.state.inflight_total().saturating_sub(queued);
+        if let Some(why) = room.waiting_why(req.class, bound) {
+            return Some(Some(why));
+        }
+    }
+    match ctx.routed_since(worker.state.slot as usize, busy.generation) {
         0 => None, // nothing routed since: the published word stands
-        routed => busy.room(m.id).why(req.class, routed).map(Some),
+        routed => room.why(req.class, routed).map(Some),
     }
 }
 

@@ -62,6 +62,9 @@ impl Thresholds {
             active_prefill_tokens_threshold_frac: self
                 .active_prefill_tokens_threshold_frac
                 .map(|t| t * scale),
+            waiting_requests_threshold: self
+                .waiting_requests_threshold
+                .map(|t| (t as f64 * scale) as u64),
         }
     }
 }
@@ -104,8 +107,10 @@ mod tests {
             active_decode_blocks_threshold: Some(0.9),
             active_prefill_tokens_threshold: Some(512),
             active_prefill_tokens_threshold_frac: None,
+            waiting_requests_threshold: Some(5),
         };
         let s = t.scaled(0.5);
+        assert_eq!(s.waiting_requests_threshold, Some(2));
         assert_eq!(s.active_decode_blocks_threshold, Some(0.45));
         assert_eq!(s.active_prefill_tokens_threshold, Some(256));
         assert_eq!(s.active_prefill_tokens_threshold_frac, None);

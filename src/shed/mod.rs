@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 pub use adaptive::{Adaptive, SHARE_WINDOW_MS, overloaded, window_closes};
 pub use class::Class;
-pub use room::PrefillRoom;
+pub use room::Room;
 
 /// A model's busy thresholds; each unset by default, each enabling only its own check.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
@@ -18,6 +18,11 @@ pub struct Thresholds {
     pub active_decode_blocks_threshold: Option<f64>,
     pub active_prefill_tokens_threshold: Option<u64>,
     pub active_prefill_tokens_threshold_frac: Option<f64>,
+    /// Busy when the engine has more requests waiting than this (its own queue: vLLM
+    /// `num_requests_waiting`, SGLang `num_queue_reqs`, llama.cpp `requests_deferred`, a
+    /// pushed `num_requests_waiting`, or Spillway's own requests over the engine's slots).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_requests_threshold: Option<u64>,
 }
 
 impl Thresholds {
@@ -26,6 +31,7 @@ impl Thresholds {
         self.active_decode_blocks_threshold.is_some()
             || self.active_prefill_tokens_threshold.is_some()
             || self.active_prefill_tokens_threshold_frac.is_some()
+            || self.waiting_requests_threshold.is_some()
     }
 
     /// Dynamo's validation messages, verbatim.
@@ -61,6 +67,9 @@ impl Thresholds {
             active_prefill_tokens_threshold_frac: update
                 .active_prefill_tokens_threshold_frac
                 .or(self.active_prefill_tokens_threshold_frac),
+            waiting_requests_threshold: update
+                .waiting_requests_threshold
+                .or(self.waiting_requests_threshold),
         }
     }
 }
@@ -73,6 +82,8 @@ pub struct RankLoad {
     pub active_prefill_tokens: Option<u64>,
     pub kv_total_blocks: Option<u64>,
     pub max_num_batched_tokens: Option<u64>,
+    /// Requests waiting in the engine's own queue.
+    pub waiting_requests: Option<u64>,
 }
 
 /// What refused a request (Dynamo's admission-controls direction: every refusal names
@@ -83,6 +94,7 @@ pub enum Knob {
     DecodeBlocks,
     PrefillTokens,
     PrefillTokensFrac,
+    WaitingRequests,
     QueueFull,
     QueueTimeout,
     ClassShare,
@@ -91,10 +103,11 @@ pub enum Knob {
 }
 
 impl Knob {
-    pub const ALL: [Knob; 8] = [
+    pub const ALL: [Knob; 9] = [
         Knob::DecodeBlocks,
         Knob::PrefillTokens,
         Knob::PrefillTokensFrac,
+        Knob::WaitingRequests,
         Knob::QueueFull,
         Knob::QueueTimeout,
         Knob::ClassShare,
@@ -108,6 +121,7 @@ impl Knob {
             Knob::DecodeBlocks => "decode_blocks",
             Knob::PrefillTokens => "prefill_tokens",
             Knob::PrefillTokensFrac => "prefill_tokens_frac",
+            Knob::WaitingRequests => "waiting_requests",
             Knob::QueueFull => "queue_full",
             Knob::QueueTimeout => "queue_timeout",
             Knob::ClassShare => "class_share",
@@ -122,6 +136,7 @@ impl Knob {
             Knob::DecodeBlocks => "active_decode_blocks_threshold",
             Knob::PrefillTokens => "active_prefill_tokens_threshold",
             Knob::PrefillTokensFrac => "active_prefill_tokens_threshold_frac",
+            Knob::WaitingRequests => "waiting_requests_threshold",
             Knob::QueueFull => "engine_request_limit + request_queue_limit",
             Knob::QueueTimeout => "request_queue_timeout_ms",
             Knob::ClassShare => "classes.<class>.slot_share",
@@ -162,8 +177,8 @@ pub fn rank_busy(t: &Thresholds, load: &RankLoad, latch: &mut bool) -> bool {
     rank_why(t, load, latch).is_some()
 }
 
-/// As [`rank_busy`], saying which check fired first (decode, prefill, prefill fraction)
-/// and with what value.
+/// As [`rank_busy`], saying which check fired first (decode, prefill, prefill fraction,
+/// waiting requests) and with what value.
 pub fn rank_why(t: &Thresholds, load: &RankLoad, latch: &mut bool) -> Option<Why> {
     let decode = decode_why(t, load, latch);
     let prefill = match (
@@ -193,7 +208,15 @@ pub fn rank_why(t: &Thresholds, load: &RankLoad, latch: &mut bool) -> Option<Why
         }),
         _ => None,
     };
-    decode.or(prefill).or(frac)
+    let waiting = match (t.waiting_requests_threshold, load.waiting_requests) {
+        (Some(limit), Some(waiting)) if waiting > limit => Some(Why {
+            knob: Knob::WaitingRequests,
+            value: waiting as f64,
+            threshold: limit as f64,
+        }),
+        _ => None,
+    };
+    decode.or(prefill).or(frac).or(waiting)
 }
 
 /// The decode check, with its latch.
@@ -243,7 +266,16 @@ mod tests {
             active_decode_blocks_threshold: decode,
             active_prefill_tokens_threshold: abs,
             active_prefill_tokens_threshold_frac: frac,
+            waiting_requests_threshold: None,
         }
+    }
+
+    const fn waiting(limit: Option<u64>, waiting: Option<u64>) -> (Thresholds, RankLoad) {
+        let mut th = t(None, None, None);
+        th.waiting_requests_threshold = limit;
+        let mut l = load(None, None, None, None, None);
+        l.waiting_requests = waiting;
+        (th, l)
     }
 
     const fn load(
@@ -259,6 +291,7 @@ mod tests {
             active_prefill_tokens: prefill,
             kv_total_blocks: total,
             max_num_batched_tokens: max,
+            waiting_requests: None,
         }
     }
 
@@ -352,6 +385,33 @@ mod tests {
             let mut latch = false;
             assert_eq!(rank_busy(th, l, &mut latch), *want, "case {i}");
         }
+    }
+
+    /// The waiting-requests check: busy only above the threshold, never on an unknown
+    /// figure, and 0 means any waiting request makes the rank busy.
+    #[test]
+    fn waiting_requests() {
+        for (limit, queued, busy) in [
+            (Some(0), Some(1), true),
+            (Some(0), Some(0), false),
+            (Some(4), Some(4), false),
+            (Some(4), Some(5), true),
+            (Some(0), None, false),
+            (None, Some(100), false),
+        ] {
+            let (th, l) = waiting(limit, queued);
+            let mut latch = false;
+            let why = rank_why(&th, &l, &mut latch);
+            assert_eq!(why.is_some(), busy, "{limit:?} {queued:?}");
+            if let Some(why) = why {
+                assert_eq!(why.knob, Knob::WaitingRequests);
+                assert_eq!(
+                    (why.value, why.threshold),
+                    (queued.unwrap() as f64, limit.unwrap() as f64)
+                );
+            }
+        }
+        assert!(waiting(Some(3), None).0.any());
     }
 
     #[test]

@@ -1,21 +1,27 @@
-//! A worker's prefill room: what a core needs to see the worker busy by the prefill it
-//! routed there itself since the busy set was evaluated, without waiting for the monitor
-//! to fold its tracked load in. Between two folds (`monitor_interval_ms`) a burst of
-//! arrivals would otherwise all find the worker "not busy" and land in one engine step.
-//! Dynamo's router likewise counts its own routing at once. Pure.
+//! A worker's room: what a core needs to see the worker busy by what it routed there
+//! itself since the busy set was evaluated, without waiting for the monitor to fold its
+//! tracked load in: the prefill it routed, and the requests it has in flight over the
+//! engine's slots. Between two folds (`monitor_interval_ms`) a burst of arrivals would
+//! otherwise all find the worker "not busy" and land in one engine step (or in its
+//! queue). Dynamo's router likewise counts its own routing at once. Pure.
 
 use super::{Class, Knob, Thresholds, Why};
 
 /// The worker's tracked prefill tokens as the evaluation saw them, and per class the
-/// prefill limit (tokens) and the knob that sets it. Only the `tracked` source is
-/// extended this way: a pushed or scraped figure cannot know what was routed since.
+/// prefill limit (tokens) and the knob that sets it; the engine's slots and per class the
+/// waiting-requests limit. Only the `tracked` source is extended this way: a pushed or
+/// scraped figure cannot know what was routed since.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct PrefillRoom {
+pub struct Room {
     pub tracked: u64,
     /// The worker's `max_num_batched_tokens` (the fractional limit's unit), 0 if unknown.
     pub max_batched: u64,
     /// By [`Class::index`]; `None`: no prefill threshold, nothing to check.
     pub limit: [Option<(u64, Knob)>; 3],
+    /// The engine's slots (requests it runs at once), 0 if unknown.
+    pub slots: u64,
+    /// By [`Class::index`]: `waiting_requests_threshold`; `None`: nothing to check.
+    pub waiting: [Option<u64>; 3],
 }
 
 /// The most prefill tokens a rank may carry before thresholds `t` make it busy, and the
@@ -35,20 +41,51 @@ pub fn prefill_limit(t: &Thresholds, max_batched: Option<u64>) -> Option<(u64, K
     }
 }
 
-impl PrefillRoom {
+impl Room {
     /// The room of a worker whose tracked prefill is `tracked`, under each class's
     /// thresholds `by_class`; none (the default) without a prefill threshold, so that the
     /// tracked figure alone never changes a busy set.
     pub fn new(tracked: u64, max_batched: Option<u64>, by_class: &[Thresholds; 3]) -> Self {
         let limit = by_class.each_ref().map(|t| prefill_limit(t, max_batched));
         if limit == [None; 3] {
-            return PrefillRoom::default();
+            return Room::default();
         }
-        PrefillRoom {
+        Room {
             tracked,
             max_batched: max_batched.unwrap_or(0),
             limit,
+            ..Room::default()
         }
+    }
+
+    /// The room with the waiting-requests check of an engine with `slots` slots (none
+    /// when the slots are unknown or no class has the threshold).
+    pub fn with_slots(mut self, slots: Option<u64>, by_class: &[Thresholds; 3]) -> Self {
+        let waiting = by_class.each_ref().map(|t| t.waiting_requests_threshold);
+        if let Some(slots) = slots.filter(|&s| s > 0 && waiting != [None; 3]) {
+            (self.slots, self.waiting) = (slots, waiting);
+        }
+        self
+    }
+
+    /// Why a request of `class` finds the worker busy when `bound` requests are on their
+    /// way to its engine or in it (Spillway's own, live): with this one sent, those
+    /// beyond its slots would wait in the engine's queue, more than the limit (`None`:
+    /// not busy by that, or nothing to check). So a limit of 0 sends no request to wait.
+    pub fn waiting_why(&self, class: Class, bound: u64) -> Option<Why> {
+        let limit = self.waiting[class.index()]?;
+        let waiting = bound.saturating_add(1).saturating_sub(self.slots);
+        (waiting > limit).then_some(Why {
+            knob: Knob::WaitingRequests,
+            value: waiting as f64,
+            threshold: limit as f64,
+        })
+    }
+
+    /// Whether a core has anything to check for `class`.
+    #[inline]
+    pub fn checks_waiting(&self, class: Class) -> bool {
+        self.waiting[class.index()].is_some()
     }
 
     /// Why a request of `class` finds the worker busy once this core has routed `routed`
@@ -83,7 +120,41 @@ mod tests {
             active_decode_blocks_threshold: Some(0.9),
             active_prefill_tokens_threshold: abs,
             active_prefill_tokens_threshold_frac: frac,
+            waiting_requests_threshold: None,
         }
+    }
+
+    /// Requests beyond the engine's slots wait there: busy past the threshold, per class;
+    /// nothing to check without slots or a threshold.
+    #[test]
+    fn requests_beyond_the_slots_wait() {
+        let (std, shed) = (Class::Standard, Class::Sheddable);
+        let mut by_class = [t(None, None); 3];
+        by_class[std.index()].waiting_requests_threshold = Some(0);
+        by_class[shed.index()].waiting_requests_threshold = Some(2);
+        let room = Room::default().with_slots(Some(4), &by_class);
+        assert!(room.checks_waiting(std) && !room.checks_waiting(Class::Critical));
+        assert_eq!(room.waiting_why(std, 3), None, "a slot is free for it");
+        let why = room
+            .waiting_why(std, 4)
+            .map(|w| (w.knob, w.value, w.threshold));
+        assert_eq!(
+            why,
+            Some((Knob::WaitingRequests, 1.0, 0.0)),
+            "it would wait"
+        );
+        assert_eq!(
+            room.waiting_why(shed, 5),
+            None,
+            "two would wait: at the limit"
+        );
+        assert!(room.waiting_why(shed, 6).is_some());
+        assert_eq!(room.waiting_why(Class::Critical, 1000), None);
+        assert_eq!(Room::default().with_slots(None, &by_class), Room::default());
+        assert_eq!(
+            Room::default().with_slots(Some(4), &[t(None, None); 3]),
+            Room::default()
+        );
     }
 
     #[test]
@@ -127,7 +198,7 @@ mod tests {
         let mut by_class = [t(None, None); 3];
         by_class[std.index()] = t(Some(1000), None);
         by_class[shed.index()] = t(Some(500), None);
-        let room = PrefillRoom::new(300, Some(2048), &by_class);
+        let room = Room::new(300, Some(2048), &by_class);
         assert_eq!(
             room.why(std, 0),
             None,
@@ -141,13 +212,13 @@ mod tests {
             "a lower limit is crossed sooner"
         );
         assert_eq!(room.why(crit, u64::MAX), None, "no prefill threshold");
-        let none = PrefillRoom::new(300, Some(2048), &[t(None, None); 3]);
+        let none = Room::new(300, Some(2048), &[t(None, None); 3]);
         assert_eq!(
             none,
-            PrefillRoom::default(),
+            Room::default(),
             "no prefill threshold: no room to carry"
         );
-        let frac = PrefillRoom::new(0, Some(2048), &[t(None, Some(0.25)); 3]);
+        let frac = Room::new(0, Some(2048), &[t(None, Some(0.25)); 3]);
         let why = frac.why(std, 1024).map(|w| (w.knob, w.value, w.threshold));
         assert_eq!(why, Some((Knob::PrefillTokensFrac, 0.5, 0.25)));
     }

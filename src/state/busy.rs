@@ -6,7 +6,7 @@
 //! Immutable once published; each core reads its replica with one atomic load.
 
 use super::cow_chunks::CowChunks;
-use crate::shed::{Class, PrefillRoom, Why};
+use crate::shed::{Class, Room, Why};
 
 /// A member's entry.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -15,7 +15,7 @@ pub struct MemberEntry {
     pub busy: [Option<Option<Why>>; 3],
     /// In permille of the fullest known signal.
     pub load: u16,
-    pub room: PrefillRoom,
+    pub room: Room,
 }
 
 /// The busy set as published: immutable, one per publish, read lock-free by the cores.
@@ -35,7 +35,7 @@ pub struct BusySet {
     /// how much. In shared chunks: a publication copies only the chunks it changed.
     why: [CowChunks<Option<Why>>; 3],
     /// Per member id: its worker's prefill room (default: nothing to check).
-    room: CowChunks<PrefillRoom>,
+    room: CowChunks<Room>,
     /// Bit per worker slot: out of rotation by health (ejected, or its checks failing).
     /// The health pass's, kept by [`BusySet::clear`].
     unhealthy: Vec<u64>,
@@ -177,9 +177,9 @@ impl BusySet {
         self.load[i] = permille;
     }
 
-    /// The prefill room of the member's worker (see [`PrefillRoom`]).
+    /// The prefill room of the member's worker (see [`Room`]).
     #[inline]
-    pub fn room(&self, member_id: u32) -> PrefillRoom {
+    pub fn room(&self, member_id: u32) -> Room {
         self.room.get(member_id as usize)
     }
 
