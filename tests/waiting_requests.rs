@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 #![allow(clippy::disallowed_methods)] // tests time what they observe
-//! The engine's own queue as a busy signal (`waiting_requests_threshold`, docs/behaviour.md
-//! §3.8): Spillway's own requests beyond the engine's slots count at once, llama.cpp's
+//! The engine's own queue as a busy signal (docs/behaviour.md §3.13,
+//! `waiting_requests_threshold`): Spillway's own requests beyond the engine's slots count at once, llama.cpp's
 //! `requests_deferred` and `/props` slot count through a scrape, and the threshold is
 //! set at run time through `/busy_threshold`. A scraped metric the engine lacks is named
 //! in `spillway_scrape_missing`.

@@ -34,6 +34,8 @@ struct Entry<'a> {
     active_decode_blocks_threshold: Option<f64>,
     active_prefill_tokens_threshold: Option<u64>,
     active_prefill_tokens_threshold_frac: Option<f64>,
+    /// Beyond Dynamo: shown only when set, so Dynamo's bodies stay byte for byte.
+    #[serde(skip_serializing_if = "Option::is_none")]
     waiting_requests_threshold: Option<u64>,
 }
 
