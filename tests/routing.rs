@@ -123,7 +123,7 @@ fn unreachable_worker_fails_over_then_503() {
         r.text(),
         concat!(
             r#"{"message":"Service temporarily unavailable","type":"Service Unavailable","code":503,"#,
-            r#""knob":"unreachable","setting":"the model's workers (down after failed connects)","class":"standard"}"#
+            r#""knob":"unreachable","value":null,"threshold":null,"setting":"the model's workers (down after failed connects)","class":"standard"}"#
         )
     );
     assert_eq!(r.header("retry-after"), Some("1"));

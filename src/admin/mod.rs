@@ -3,10 +3,12 @@
 //! directly and a change is published to every core before the reply goes out.
 
 mod error;
+mod places;
 mod routes;
 pub(crate) mod thresholds;
 
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
+use std::net::SocketAddr;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
@@ -15,6 +17,8 @@ use monoio::io::{AsyncReadRent, AsyncWriteRentExt};
 use monoio::net::TcpStream;
 
 pub use error::{AdminError, Reply};
+pub use places::Connections;
+use places::{Evicted, Place};
 pub use routes::Request;
 
 use crate::http::limits::{MAX_ADMIN_BODY, MAX_ADMIN_HEAD};
@@ -24,30 +28,34 @@ use crate::http::{BodyFraming, HttpError, Method};
 use crate::monitor::Control;
 use crate::runtime::clock;
 
-/// The open admin connections, for `admin_max_connections`.
-#[derive(Debug, Clone, Default)]
-pub struct Connections(Rc<Cell<usize>>);
-
-/// One admin connection's place; given back on drop.
-struct Place(Rc<Cell<usize>>);
-
-impl Drop for Place {
-    fn drop(&mut self) {
-        self.0.set(self.0.get().saturating_sub(1));
-    }
-}
-
-/// Takes an accepted admin connection: served on its own task, or, over
-/// `admin_max_connections`, answered 503 and closed at once. Either way the accept loop
-/// (and the monitor beside it) never waits for the client.
-pub fn accepted(control: &Rc<RefCell<Control>>, open: &Connections, stream: TcpStream) {
+/// Takes an accepted admin connection from `peer`: served on its own task, making room
+/// at `admin_max_connections` by closing the oldest connection with no request head in
+/// progress, or, when every open one has a request under way, answered 503 and closed at
+/// once. Either way the accept loop (and the monitor beside it) never waits for the
+/// client.
+pub fn accepted(
+    control: &Rc<RefCell<Control>>,
+    open: &Connections,
+    stream: TcpStream,
+    peer: SocketAddr,
+) {
     let (max, timeout) = {
         let snap = control.borrow().shared.snapshot.load_full();
         let limits = &snap.config.limits;
         let timeout = Duration::from_millis(limits.admin_read_timeout_ms);
         (limits.admin_max_connections, timeout)
     };
-    if open.0.get() >= max {
+    let mut evicted = |e: Evicted| {
+        control.borrow_mut().admin_evictions += 1;
+        tracing::debug!(
+            evicted = %e.peer,
+            age_ms = e.age.as_millis() as u64,
+            newcomer = %peer,
+            max,
+            "admin connection closed to make room: no request head in progress"
+        );
+    };
+    let Some(place) = open.take(peer, clock::now(), max, &mut evicted) else {
         monoio::spawn(async move {
             let mut stream = stream;
             let _ = write(
@@ -60,27 +68,35 @@ pub fn accepted(control: &Rc<RefCell<Control>>, open: &Connections, stream: TcpS
             .await;
         });
         return;
-    }
-    open.0.set(open.0.get() + 1);
-    let place = Place(open.0.clone());
+    };
     monoio::spawn(serve(control.clone(), stream, timeout, place));
 }
 
 /// Serves one admin connection until it closes. Each request must arrive whole within
 /// `timeout` of the connection opening or of the previous answer (408 once it started,
-/// else a silent close), and each answer must be written within `timeout`.
+/// else a silent close), and each answer must be written within `timeout`. Told to close
+/// while no request head is in progress (`place`), it closes at once, silently.
 async fn serve(
     control: Rc<RefCell<Control>>,
     mut stream: TcpStream,
     timeout: Duration,
-    _place: Place,
+    place: Place,
 ) {
     let _ = stream.set_nodelay(true);
     let mut buf: Vec<u8> = Vec::with_capacity(4096);
     let mut head = RequestHead::default();
     loop {
         let deadline = clock::now() + timeout;
-        let total = match read_request(&mut stream, &mut buf, &mut head, deadline).await {
+        let read = read_request(&mut stream, &mut buf, &mut head, deadline, &place);
+        let read = monoio::select! {
+            () = place.evicted() => return,
+            read = read => read,
+        };
+        // Told to close while a head was completing in the same turn: it lost its place.
+        if place.is_evicted() {
+            return;
+        }
+        let total = match read {
             Ok(Some(total)) => total,
             Ok(None) => return,
             Err(e) => {
@@ -107,16 +123,19 @@ async fn serve(
 
 /// Reads one request (head and Content-Length body) into `buf` by `deadline`; returns its
 /// length, or `None` when the client closed, or went quiet before sending anything.
+/// `place` is busy from the head's completion until the next read for a head (a
+/// pipelined head already in `buf` keeps it busy).
 async fn read_request(
     stream: &mut TcpStream,
     buf: &mut Vec<u8>,
     head: &mut RequestHead,
     deadline: Instant,
+    place: &Place,
 ) -> Result<Option<usize>, AdminError> {
     loop {
         match parse_request(buf, MAX_ADMIN_HEAD, u64::MAX, head) {
             Ok(true) => break,
-            Ok(false) => {}
+            Ok(false) => place.set_busy(false),
             Err(e) => return Err(AdminError::Http(e)),
         }
         match read_more(stream, buf, deadline).await {
@@ -128,6 +147,7 @@ async fn read_request(
             }
         }
     }
+    place.set_busy(true);
     let body_len = match head.body {
         BodyFraming::None => 0,
         BodyFraming::Length(n) if n as usize > MAX_ADMIN_BODY => {

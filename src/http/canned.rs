@@ -93,6 +93,8 @@ pub fn write_error(
 pub enum Field<'a> {
     Str(&'a str),
     Num(f64),
+    /// JSON `null`: a figure Spillway does not have.
+    Null,
 }
 
 /// Largest error body rendered on the spot with extra fields.
@@ -155,7 +157,7 @@ fn write_field(w: &mut impl std::io::Write, name: &str, value: Field<'_>) -> std
         Field::Str(s) => serde_json::to_writer(&mut *w, s)?,
         Field::Num(v) if v.fract() == 0.0 && v.abs() < 1e15 => write!(w, "{}", v as i64)?,
         Field::Num(v) if v.is_finite() => serde_json::to_writer(&mut *w, &v)?,
-        Field::Num(_) => write!(w, "null")?,
+        Field::Num(_) | Field::Null => write!(w, "null")?,
     }
     Ok(())
 }
@@ -195,6 +197,8 @@ mod tests {
             ("knob", Field::Str("decode_blocks")),
             ("value", Field::Num(0.875)),
             ("threshold", Field::Num(2000.0)),
+            ("none", Field::Null),
+            ("infinite", Field::Num(f64::INFINITY)),
         ];
         let answer = ErrorAnswer {
             status: 529,
@@ -205,7 +209,7 @@ mod tests {
         };
         answer.write(&mut out, b"r", true, true);
         let text = String::from_utf8(out).unwrap();
-        let body = r#"{"message":"Service temporarily overloaded","type":"Overloaded","code":529,"knob":"decode_blocks","value":0.875,"threshold":2000}"#;
+        let body = r#"{"message":"Service temporarily overloaded","type":"Overloaded","code":529,"knob":"decode_blocks","value":0.875,"threshold":2000,"none":null,"infinite":null}"#;
         assert!(text.ends_with(&format!("\r\n\r\n{body}")), "{text}");
         assert!(text.contains(&format!("content-length: {}\r\n", body.len())));
         assert!(text.contains("retry-after: 1\r\n"));

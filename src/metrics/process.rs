@@ -193,6 +193,11 @@ fn lifecycle(f: &mut Families, control: &Control, snap: &Snapshot) {
             ),
         ],
     );
+    f.counter(
+        "spillway_admin_connections_evicted_total",
+        "Admin connections closed at admin_max_connections to make room for a newer one: the oldest with no request head in progress",
+        [(Vec::new(), control.admin_evictions as f64)],
+    );
     f.gauge(
         "spillway_config_generation",
         "Generation of the running configuration",

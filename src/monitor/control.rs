@@ -30,6 +30,8 @@ pub struct Control {
     pub monitor: Monitor,
     pub reloads_ok: u64,
     pub reloads_failed: u64,
+    /// Admin connections closed to make room for a newer one (docs/behaviour.md §14.2).
+    pub admin_evictions: u64,
 }
 
 /// Commands to the control thread, one byte each on its command socket.
@@ -185,6 +187,7 @@ impl Control {
             monitor,
             reloads_ok: 0,
             reloads_failed: 0,
+            admin_evictions: 0,
         }
     }
 

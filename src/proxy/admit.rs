@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use super::error::{AttemptError, Refusal};
 use super::watch::{Interrupt, Reader, watched};
-use crate::admission::Ticket;
+use crate::admission::{Gate, Ticket};
 use crate::runtime::clock;
 use crate::shed::{Class, Knob, Why};
 use crate::state::Worker;
@@ -25,12 +25,7 @@ pub(super) async fn admit<'w>(
         return Ok(None);
     };
     let Some(ticket) = gate.enter(class) else {
-        let admitted = f64::from(gate.limit() + gate.queue_limit());
-        let full = Why {
-            knob: Knob::QueueFull,
-            value: admitted,
-            threshold: admitted,
-        };
+        let full = at_capacity(gate, u64::from(gate.limit() + gate.queue_limit()));
         return Err(AttemptError::Refused(Refusal::AtCapacity, Some(full)));
     };
     if ticket.is_ready() {
@@ -65,5 +60,15 @@ pub(super) async fn admit<'w>(
             };
             Err(AttemptError::Refused(Refusal::QueueTimeout, Some(why)))
         }
+    }
+}
+
+/// Why a worker at capacity refuses (knob `queue_full`): `admitted` requests (in its
+/// engine slots and its queue) against its N + Q.
+pub(super) fn at_capacity(gate: &Gate, admitted: u64) -> Why {
+    Why {
+        knob: Knob::QueueFull,
+        value: admitted as f64,
+        threshold: f64::from(gate.limit() + gate.queue_limit()),
     }
 }

@@ -196,7 +196,8 @@ impl RequestError {
     }
 
     /// A refusal: Dynamo's body plus `knob`, `value`, `threshold`, `setting` and `class`,
-    /// with `Retry-After`.
+    /// with `Retry-After`. Every body has all five, whatever its knob: figures Spillway
+    /// does not have are `null` (docs/behaviour.md §7.5).
     fn write_refusal(
         &self,
         snap: &Snapshot,
@@ -213,16 +214,17 @@ impl RequestError {
             _ => "Overloaded",
         };
         let knob = self.knob().unwrap_or(Knob::QueueFull);
-        let mut fields = [("knob", Field::Str(knob.label())); 5];
-        let mut n = 1;
-        if let Some(why) = self.why() {
-            fields[1] = ("value", Field::Num(why.value));
-            fields[2] = ("threshold", Field::Num(why.threshold));
-            n = 3;
-        }
-        fields[n] = ("setting", Field::Str(knob.setting()));
-        n += 1;
-        fields[n] = ("class", Field::Str(class.label()));
+        let why = self.why();
+        let fields = [
+            ("knob", Field::Str(knob.label())),
+            ("value", why.map_or(Field::Null, |w| Field::Num(w.value))),
+            (
+                "threshold",
+                why.map_or(Field::Null, |w| Field::Num(w.threshold)),
+            ),
+            ("setting", Field::Str(knob.setting())),
+            ("class", Field::Str(class.label())),
+        ];
         let mut retry = itoa::Buffer::new();
         let headers = [("retry-after", retry.format(config.retry_after_secs))];
         let message = self.message();
@@ -230,7 +232,7 @@ impl RequestError {
             status,
             message: &message,
             kind,
-            fields: &fields[..=n],
+            fields: &fields,
             headers: &headers,
         };
         answer.write(out, request_id, keep_alive, with_body);

@@ -11,7 +11,7 @@ use super::error::{AttemptError, Refusal, RequestError};
 use super::exchange::{Exchange, Outbound};
 use super::guards::{InStage, Inflight, RetryPlace};
 use super::log::ClosedBy;
-use super::pick::{Excluded, pick};
+use super::pick::{Excluded, Unpicked, pick};
 use super::response::failed;
 use crate::http::limits::{INITIAL_READ_BUF, MAX_WORKER_ID_LEN};
 use crate::route::RouterMode;
@@ -189,19 +189,7 @@ async fn attempts(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, stage: &mut InStage<
         let (id, excluded) = (worker_id.get(), tries.excluded);
         let picked = match pick(ctx, &ex.req, id, ex.prompt(), excluded, now) {
             Ok(p) => p,
-            // Refused by every worker tried, and nothing left: say why they refused.
-            Err(RequestError::Overloaded(_) | RequestError::Refused(..))
-                if tries.last_refusal.is_some() =>
-            {
-                let (last, why) = tries.last_refusal.unwrap_or((Refusal::AtCapacity, None));
-                return Forwarded::Local(RequestError::Refused(last, why));
-            }
-            // Failed by every worker that could take it: the last failure is the answer.
-            Err(_) if tries.last_failure.is_some() => {
-                let last = tries.last_failure.unwrap_or(AttemptError::Stalled);
-                return last.into();
-            }
-            Err(e) => return Forwarded::Local(e),
+            Err(none) => return unpicked(none, &tries),
         };
         let pos = picked.member;
         if model.kv.is_some() && !tries.cached_observed {
@@ -245,6 +233,23 @@ async fn attempts(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, stage: &mut InStage<
                 add(&ctx.counters().failovers, 1);
             }
         }
+    }
+}
+
+/// No worker is left to pick: the client's answer. Refused by every worker tried: why
+/// they refused. Failed by every worker that could take it: the last failure. Else the
+/// pick's own answer (counted at the held worker it names, if any).
+fn unpicked(none: Unpicked<'_>, tries: &Tries) -> Forwarded {
+    match none.answer {
+        RequestError::Overloaded(_) | RequestError::Refused(..) if tries.last_refusal.is_some() => {
+            let (last, why) = tries.last_refusal.unwrap_or((Refusal::AtCapacity, None));
+            Forwarded::Local(RequestError::Refused(last, why))
+        }
+        _ if tries.last_failure.is_some() => {
+            let last = tries.last_failure.unwrap_or(AttemptError::Stalled);
+            last.into()
+        }
+        _ => Forwarded::Local(none.answered()),
     }
 }
 

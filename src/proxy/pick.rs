@@ -6,9 +6,11 @@
 //! trial takes the one request that claims it. Recent failures on this core count as
 //! requests in flight.
 
+use super::admit::at_capacity;
 use super::core::CoreCtx;
 use super::error::{Refusal, RequestError};
 use super::exchange::Outbound;
+use crate::admission::Gate;
 use crate::route::{self, DirectRefusal, MemberState, Pick, RouterMode};
 use crate::runtime::clock;
 use crate::shed::Why;
@@ -48,15 +50,41 @@ pub(super) struct Picked {
     pub cached_tokens: u64,
 }
 
+/// Why no member was picked: the client's answer, and the gate of the held worker whose
+/// figures a `queue_full` answer carries (docs/behaviour.md §7.5), which counts the
+/// refusal once the answer goes to the client.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Unpicked<'s> {
+    pub answer: RequestError,
+    held: Option<&'s Gate>,
+}
+
+impl Unpicked<'_> {
+    /// The answer, now that it goes to the client: a refusal for a held worker counts
+    /// at that worker's gate (`dynamo_rejection_request_total`), as the gate's own do.
+    pub(super) fn answered(self) -> RequestError {
+        if let Some(gate) = self.held {
+            gate.count_refusal();
+        }
+        self.answer
+    }
+}
+
+impl From<RequestError> for Unpicked<'_> {
+    fn from(answer: RequestError) -> Self {
+        Unpicked { answer, held: None }
+    }
+}
+
 /// Picks a member. `prompt` is the request's prompt value (`kv` mode hashes it).
-pub(super) fn pick(
+pub(super) fn pick<'s>(
     ctx: &CoreCtx,
-    req: &Outbound<'_>,
+    req: &Outbound<'s>,
     worker_id: Option<&[u8]>,
     prompt: &[u8],
     mut ex: Excluded,
     now: u64,
-) -> Result<Picked, RequestError> {
+) -> Result<Picked, Unpicked<'s>> {
     loop {
         let picked = pick_once(ctx, req, worker_id, prompt, ex, now)?;
         let worker = &req.snap.workers[req.model.members[picked.member].worker as usize];
@@ -73,14 +101,14 @@ pub(super) fn pick(
     }
 }
 
-fn pick_once(
+fn pick_once<'s>(
     ctx: &CoreCtx,
-    req: &Outbound<'_>,
+    req: &Outbound<'s>,
     worker_id: Option<&[u8]>,
     prompt: &[u8],
     ex: Excluded,
     now: u64,
-) -> Result<Picked, RequestError> {
+) -> Result<Picked, Unpicked<'s>> {
     let (model, snap) = (req.model, req.snap);
     let mut cache = ctx.busy.borrow_mut();
     let busy = cache.load();
@@ -118,7 +146,7 @@ fn pick_once(
     };
     if model.router_mode == RouterMode::Direct {
         let why = |i: usize| why(i).flatten();
-        return Ok(picked(pick_direct(req, worker_id, why, state)?, 0));
+        return Ok(picked(pick_direct(req, worker_id, why, state, now)?, 0));
     }
     let (pick_result, cached_tokens) = if let Some(kv) = model.kv.as_deref() {
         pick_kv(ctx, req, kv, prompt, state, now)
@@ -137,15 +165,52 @@ fn pick_once(
     match pick_result {
         Pick::Member(member) => Ok(picked(member, cached_tokens)),
         // Nothing busy by the busy rule: what excluded the rest were worker-local
-        // refusals (this request's, or marks since the last publish). Say so.
+        // refusals (this request's, or holds since the last publish). Say so, with the
+        // figures of the held worker with the most room.
         Pick::Overloaded if !(shed && (0..n).any(|i| why(i).is_some())) => {
-            Err(RequestError::Refused(Refusal::AtCapacity, None))
+            let refused = |why| RequestError::Refused(Refusal::AtCapacity, why);
+            Err(held_full(req, 0..n, refused, now))
         }
         // Every worker busy by the busy rule: the least busy one says why.
-        Pick::Overloaded => Err(RequestError::Overloaded(least_busy(n, |i| {
-            why(i).flatten()
-        }))),
-        Pick::Unavailable => Err(RequestError::Unavailable),
+        Pick::Overloaded => {
+            Err(RequestError::Overloaded(least_busy(n, |i| why(i).flatten())).into())
+        }
+        Pick::Unavailable => Err(RequestError::Unavailable.into()),
+    }
+}
+
+/// A refusal for held members (`queue_full`, docs/behaviour.md §7.5): `answer` with the
+/// figures of the one among `members` held now with the most room at its gate (the
+/// first of equals), its admitted requests against its N + Q; without figures when none
+/// held has a gate.
+fn held_full<'s>(
+    req: &Outbound<'s>,
+    members: impl Iterator<Item = usize>,
+    answer: impl Fn(Option<Why>) -> RequestError,
+    now: u64,
+) -> Unpicked<'s> {
+    let (model, snap) = (req.model, req.snap);
+    let room = |w: &Why| w.threshold - w.value;
+    let held = members
+        .filter_map(|i| {
+            let worker = &snap.workers[model.members[i].worker as usize];
+            let gate = worker
+                .gate
+                .as_deref()
+                .filter(|_| worker.state.is_held(now))?;
+            let (running, waiting) = gate.occupancy();
+            Some((at_capacity(gate, running + waiting), gate))
+        })
+        .reduce(|best, next| {
+            if room(&next.0) > room(&best.0) {
+                next
+            } else {
+                best
+            }
+        });
+    Unpicked {
+        answer: answer(held.map(|(why, _)| why)),
+        held: held.map(|(_, gate)| gate),
     }
 }
 
@@ -185,13 +250,14 @@ fn busy_why(ctx: &CoreCtx, req: &Outbound<'_>, busy: &BusySet, i: usize) -> Opti
 }
 
 /// Direct mode: the member the `x-worker-id` header names, or why not (`why`: why a
-/// member is busy).
-fn pick_direct(
-    req: &Outbound<'_>,
+/// member is busy by the busy rule; a held one says it is full).
+fn pick_direct<'s>(
+    req: &Outbound<'s>,
     worker_id: Option<&[u8]>,
     why: impl Fn(usize) -> Option<Why>,
     state: impl Fn(usize) -> MemberState,
-) -> Result<usize, RequestError> {
+    now: u64,
+) -> Result<usize, Unpicked<'s>> {
     let (model, snap) = (req.model, req.snap);
     let name = |i: usize| {
         snap.workers[model.members[i].worker as usize]
@@ -200,10 +266,13 @@ fn pick_direct(
             .as_bytes()
     };
     route::pick_direct(worker_id, model.members.len(), name, state).map_err(|r| match r {
-        DirectRefusal::MissingHeader => RequestError::DirectMissingHeader,
-        DirectRefusal::UnknownWorker => RequestError::DirectUnknownWorker,
-        DirectRefusal::Busy(i) => RequestError::DirectBusy(why(i)),
-        DirectRefusal::Unreachable => RequestError::Unavailable,
+        DirectRefusal::MissingHeader => RequestError::DirectMissingHeader.into(),
+        DirectRefusal::UnknownWorker => RequestError::DirectUnknownWorker.into(),
+        DirectRefusal::Busy(i) => match why(i) {
+            Some(why) => RequestError::DirectBusy(Some(why)).into(),
+            None => held_full(req, [i].into_iter(), RequestError::DirectBusy, now),
+        },
+        DirectRefusal::Unreachable => RequestError::Unavailable.into(),
     })
 }
 

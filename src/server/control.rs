@@ -76,8 +76,8 @@ async fn serve(parts: Parts) {
     };
     monoio::spawn(serve_commands(control.clone(), commands, stop_admin));
     let open = crate::admin::Connections::default();
-    accept_until_stopped(&listener, stop, "admin", |stream, _| {
-        crate::admin::accepted(&control, &open, stream);
+    accept_until_stopped(&listener, stop, "admin", |stream, peer| {
+        crate::admin::accepted(&control, &open, stream, peer);
     })
     .await;
 }

@@ -116,6 +116,75 @@ fn refusals_say_which_knob_the_value_and_the_setting() {
     assert_eq!(v["type"], "Service Unavailable");
     assert_eq!(v["class"], "sheddable");
     assert_eq!(v["knob"], "unreachable");
-    assert!(v.get("value").is_none(), "{v}");
+    let null = Some(&serde_json::Value::Null);
+    assert_eq!((v.get("value"), v.get("threshold")), (null, null), "{v}");
     assert!(v["setting"].as_str().is_some_and(|s| !s.is_empty()));
+}
+
+/// The keys of every shed answer, in order: Dynamo's three, then Spillway's five.
+const KEYS: [&str; 8] = [
+    "message",
+    "type",
+    "code",
+    "knob",
+    "value",
+    "threshold",
+    "setting",
+    "class",
+];
+
+/// Every shed answer carries the same keys in the same order, whatever its knob and
+/// whether Spillway has its figures: those it has not are `null`.
+#[test]
+fn every_refusal_body_has_the_same_keys() {
+    use RequestError::{DirectBusy, Overloaded, Refused};
+    let with = |knob| {
+        Some(Why {
+            knob,
+            value: 3.0,
+            threshold: 2.5,
+        })
+    };
+    let mut answers = vec![
+        RequestError::Unavailable,
+        Overloaded(None),
+        DirectBusy(None),
+        Refused(Refusal::UpstreamOverloaded, None),
+        Refused(Refusal::AtCapacity, None),
+        Refused(Refusal::QueueTimeout, None),
+    ];
+    for knob in Knob::ALL {
+        answers.extend([
+            Overloaded(with(knob)),
+            DirectBusy(with(knob)),
+            Refused(Refusal::AtCapacity, with(knob)),
+            Refused(Refusal::QueueTimeout, with(knob)),
+        ]);
+    }
+    for e in answers {
+        let text = render(e);
+        let (_, raw) = text.split_once("\r\n\r\n").unwrap();
+        let at: Vec<usize> = KEYS
+            .iter()
+            .map(|k| {
+                let key = format!("\"{k}\":");
+                raw.find(&key).unwrap_or_else(|| panic!("no {k}: {raw}"))
+            })
+            .collect();
+        assert!(at.is_sorted(), "keys out of order: {raw}");
+        let v = body(&text);
+        assert_eq!(v.as_object().map(|o| o.len()), Some(KEYS.len()), "{raw}");
+        let knob = e.knob().unwrap();
+        assert_eq!(
+            (&v["knob"], &v["setting"]),
+            (&knob.label().into(), &knob.setting().into())
+        );
+        let figure = |key: &str| v.get(key).map(|x| x.as_f64().ok_or(x.clone()));
+        let null = Some(Err(serde_json::Value::Null));
+        let expected = match e.why() {
+            Some(w) => (Some(Ok(w.value)), Some(Ok(w.threshold))),
+            None => (null.clone(), null),
+        };
+        assert_eq!((figure("value"), figure("threshold")), expected, "{raw}");
+    }
 }
