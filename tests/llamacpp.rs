@@ -298,11 +298,9 @@ fn three_events(seen: &str) -> bool {
 /// requests succeed again within a bounded time, and every gauge is back to zero.
 #[test]
 fn engine_killed_mid_stream_then_down_then_back() {
-    // A short down-marking backoff keeps the test short; the bound below holds with
-    // the defaults too (1 s doubling, 30 s at most), only later.
-    let head = "[limits]\nworker_down_backoff_ms = 200\nworker_down_backoff_max_ms = 1000\n";
+    // The default down-marking backoff (1 s, doubling): back about a second after the
+    // restart; the bound below leaves room for a few doublings.
     let extra = Extra {
-        head,
         worker: "engine_request_limit = 1",
         ..Extra::default()
     };
