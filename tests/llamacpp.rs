@@ -318,7 +318,11 @@ fn engine_killed_mid_stream_then_down_then_back() {
     let (rest, closed) = read_to_close(&mut c.stream);
     raw.extend(rest);
     let text = String::from_utf8_lossy(&raw);
-    let tail = &text[text.len().saturating_sub(600)..];
+    let mut from = text.len().saturating_sub(600);
+    while !text.is_char_boundary(from) {
+        from += 1;
+    }
+    let tail = &text[from..];
     assert!(closed, "the stream hung after the engine died: {tail}");
     assert!(
         text.contains("The worker's response broke off before its end"),
