@@ -49,16 +49,19 @@ pub struct Client {
 impl Client {
     /// Connects to `addr`.
     pub fn connect(addr: SocketAddr) -> Client {
-        let stream = TcpStream::connect(addr).expect("connect");
-        stream
-            .set_read_timeout(Some(Duration::from_secs(20)))
-            .unwrap();
+        Client::try_connect(addr).expect("connect")
+    }
+
+    /// Connects to `addr`; the error when that fails (nothing listens there yet).
+    pub fn try_connect(addr: SocketAddr) -> std::io::Result<Client> {
+        let stream = TcpStream::connect(addr)?;
+        stream.set_read_timeout(Some(Duration::from_secs(20)))?;
         let _ = stream.set_nodelay(true);
-        Client {
+        Ok(Client {
             stream,
             buf: Vec::new(),
             tls: None,
-        }
+        })
     }
 
     /// Connects to `addr` over TLS, trusting `config`'s roots, for server name `name`;

@@ -1,7 +1,8 @@
 //! Spillway's test kit, shared by `tests/` and `bench/`: fake workers on port 0 and what
 //! they had open at once, misbehaving workers scripted byte by byte, a raw HTTP/1.1
 //! client, the proxy started in-process from a TOML snippet, admin calls, a counting
-//! allocator, seeded randomness, and the rule for tests that need an outside tool.
+//! allocator, seeded randomness, llama.cpp's own server with a tiny model, and the rule
+//! for tests that need an outside tool.
 //!
 //! A test writes `use spillway_testkit::*;` for the common items re-exported here.
 
@@ -16,6 +17,7 @@ pub mod alloc;
 pub mod client;
 pub mod dns;
 pub mod etcd;
+pub mod llamacpp;
 pub mod nats;
 pub mod overlap;
 pub mod proxy;
