@@ -18,57 +18,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use spillway_testkit::llamacpp::LlamaServer;
+use spillway_testkit::llamacpp::{Extra, MODEL, setup};
 use spillway_testkit::tools::skip_missing_tool;
 use spillway_testkit::*;
-
-/// The model's name in Spillway (and llama-server's alias for its model).
-const MODEL: &str = "tiny";
-
-/// What a test adds to the config [`setup`] writes.
-#[derive(Default)]
-struct Extra<'a> {
-    /// Top-level lines before `[[models]]` (a `[limits]` table, ...).
-    head: &'a str,
-    /// Lines of the `[[models]]` block (busy thresholds, `router_mode`, ...).
-    model: &'a str,
-    /// Lines of its one `[[models.workers]]` block (`engine_request_limit`,
-    /// `load_sources`, `metrics_format`, ...).
-    worker: &'a str,
-}
-
-/// llama-server and Spillway in front of it.
-struct Setup {
-    llama: LlamaServer,
-    proxy: ServerHandle,
-    /// The worker's name in Spillway's metrics.
-    worker: String,
-}
-
-/// Starts llama-server (`slots` slots sharing `ctx` tokens of context) and a Spillway of
-/// `cores` cores with one model, [`MODEL`], whose one worker it is. `None` when
-/// llama-server cannot run here (the test then returns).
-///
-/// Tests of the `llamacpp` scrape adapter and of busy thresholds against the real engine
-/// start here: the scrape settings (`load_sources = ["scrape"]`,
-/// `metrics_format = "llamacpp"`) go in `extra.worker`, the thresholds in `extra.model`.
-fn setup(slots: u32, ctx: u32, cores: usize, extra: Extra<'_>) -> Option<Setup> {
-    let llama = LlamaServer::start(slots, ctx)?;
-    let worker = worker_name(&llama.url());
-    let toml = format!(
-        "{}\n[[models]]\nname = \"{MODEL}\"\n{}\n[[models.workers]]\nurl = \"{}\"\nname = \"{worker}\"\n{}\n",
-        extra.head,
-        extra.model,
-        llama.url(),
-        extra.worker
-    );
-    let proxy = proxy(cores, &toml);
-    Some(Setup {
-        llama,
-        proxy,
-        worker,
-    })
-}
 
 /// A `/v1/completions` request for `tokens` tokens.
 fn completion(tokens: u32, stream: bool) -> Vec<u8> {
@@ -456,6 +408,117 @@ fn admission_holds_the_engine_to_n_and_refuses_past_n_plus_q() {
     });
     assert_eq!(most_busy, 2, "llama-server's busiest moment, in slots");
     counters_back_to_zero(admin, MODEL, &s.worker);
+}
+
+/// Scrape only (`metrics_format = "llamacpp"`): six long requests on a 4-slot
+/// llama-server, no threshold. Spillway reads the engine's slot count from `/props` and its
+/// deferred requests from `/metrics` (`llamacpp:requests_deferred`), and shows both; the
+/// engine exports every metric the adapter reads (no `spillway_scrape_missing`).
+#[test]
+fn the_scrape_adapter_reads_llama_servers_slots_and_queue() {
+    let extra = Extra {
+        head: "scrape_interval_ms = 100",
+        worker: "load_sources = [\"scrape\"]\nmetrics_format = \"llamacpp\"",
+        ..Extra::default()
+    };
+    let Some(s) = setup(4, 4096, 1, extra) else {
+        return;
+    };
+    let (addr, admin) = (s.proxy.data_addr, s.proxy.admin_addr);
+    let running: Vec<_> = (0..6)
+        .map(|_| spawn_request(addr, completion(LONG, true)))
+        .collect();
+    let slots = format!("spillway_worker_engine_slots{{worker_id=\"{}\"}}", s.worker);
+    let waiting = format!(
+        "spillway_worker_waiting_requests{{worker_id=\"{}\",dp_rank=\"0\",worker_type=\"decode\"}}",
+        s.worker
+    );
+    eventually(
+        "two wait in llama-server's queue",
+        Duration::from_secs(20),
+        || s.llama.metric("requests_deferred") == 2.0,
+    );
+    eventually("Spillway reads the queue", Duration::from_secs(20), || {
+        let text = metrics(admin);
+        metric_value(&text, &slots) == Some(4.0) && metric_value(&text, &waiting) == Some(2.0)
+    });
+    let load = admin_get(admin, "/load").json();
+    assert_eq!(
+        load["workers"][0]["ranks"][0]["waiting_requests"], 2,
+        "{load}"
+    );
+    assert!(!metrics(admin).contains("spillway_scrape_missing"));
+    for h in running {
+        check_stream(&h.join().unwrap(), LONG).unwrap();
+    }
+}
+
+/// Issue 29's acceptance: scrape only, `waiting_requests_threshold = 0`, twenty long
+/// requests at once on a 4-slot llama-server. Four run; the other sixteen get 529 at once
+/// naming `waiting_requests` (Spillway counts its own requests against the slots `/props`
+/// gave); llama-server's own queue stays empty the whole time, so no admitted request
+/// waits there at all.
+#[test]
+fn a_waiting_threshold_of_zero_keeps_llama_servers_queue_empty() {
+    let extra = Extra {
+        head: "scrape_interval_ms = 100",
+        model: "waiting_requests_threshold = 0",
+        worker: "load_sources = [\"scrape\"]\nmetrics_format = \"llamacpp\"",
+    };
+    let Some(s) = setup(4, 4096, 1, extra) else {
+        return;
+    };
+    let (addr, admin) = (s.proxy.data_addr, s.proxy.admin_addr);
+    let slots = format!("spillway_worker_engine_slots{{worker_id=\"{}\"}}", s.worker);
+    eventually(
+        "the slots read from /props",
+        Duration::from_secs(10),
+        || metric_value(&metrics(admin), &slots) == Some(4.0),
+    );
+    let stop = AtomicBool::new(false);
+    let (responses, most_deferred) = std::thread::scope(|scope| {
+        let watcher = scope.spawn(|| {
+            let (mut most, end) = (0.0f64, Instant::now() + Duration::from_secs(120));
+            while !stop.load(Ordering::SeqCst) && Instant::now() < end {
+                most = most.max(s.llama.metric("requests_deferred"));
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            most
+        });
+        let pending: Vec<_> = (0..20)
+            .map(|i| spawn_request(addr, completion(LONG, i % 2 == 0)))
+            .collect();
+        let responses: Vec<_> = pending.into_iter().map(|h| h.join().unwrap()).collect();
+        stop.store(true, Ordering::SeqCst);
+        (responses, watcher.join().unwrap())
+    });
+    let refused: Vec<_> = responses.iter().filter(|r| r.status == 529).collect();
+    assert_eq!(
+        refused.len(),
+        16,
+        "statuses: {:?}",
+        responses.iter().map(|r| r.status).collect::<Vec<_>>()
+    );
+    for r in refused {
+        let v = r.json();
+        assert_eq!(v["knob"], "waiting_requests", "{v}");
+        assert_eq!(
+            (v["value"].as_f64(), v["threshold"].as_f64()),
+            (Some(1.0), Some(0.0))
+        );
+    }
+    assert_eq!(responses.iter().filter(|r| r.status == 200).count(), 4);
+    assert_eq!(
+        most_deferred, 0.0,
+        "requests waited in llama-server's queue"
+    );
+    let inflight = format!(
+        "spillway_worker_inflight_requests{{worker=\"{}\"}}",
+        s.worker
+    );
+    eventually("nothing left in flight", Duration::from_secs(10), || {
+        metric_value(&metrics(admin), &inflight) == Some(0.0)
+    });
 }
 
 /// The official OpenAI Python client (tests/llamacpp_client.py) through Spillway to

@@ -18,6 +18,7 @@ use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use crate::client::{Client, Response, get};
+use crate::proxy::ServerHandle;
 use crate::tools::skip_missing_tool;
 
 /// The name [`skip_missing_tool`] reports.
@@ -278,6 +279,54 @@ impl LlamaServer {
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(40)..].join("\n")
     }
+}
+
+/// The model's name in Spillway (and llama-server's alias for its model).
+pub const MODEL: &str = "tiny";
+
+/// What a test adds to the config [`setup`] writes.
+#[derive(Default)]
+pub struct Extra<'a> {
+    /// Top-level lines before `[[models]]` (a `[limits]` table, ...).
+    pub head: &'a str,
+    /// Lines of the `[[models]]` block (busy thresholds, `router_mode`, ...).
+    pub model: &'a str,
+    /// Lines of its one `[[models.workers]]` block (`engine_request_limit`,
+    /// `load_sources`, `metrics_format`, ...).
+    pub worker: &'a str,
+}
+
+/// llama-server and Spillway in front of it (in-process, [`crate::proxy`]).
+pub struct Setup {
+    pub llama: LlamaServer,
+    pub proxy: ServerHandle,
+    /// The worker's name in Spillway's metrics.
+    pub worker: String,
+}
+
+/// Starts llama-server (`slots` slots sharing `ctx` tokens of context) and a Spillway of
+/// `cores` cores with one model, [`MODEL`], whose one worker it is. `None` when
+/// llama-server cannot run here (the test then returns).
+///
+/// Tests of the `llamacpp` scrape adapter and of busy thresholds against the real engine
+/// start here: the scrape settings (`load_sources = ["scrape"]`,
+/// `metrics_format = "llamacpp"`) go in `extra.worker`, the thresholds in `extra.model`.
+pub fn setup(slots: u32, ctx: u32, cores: usize, extra: Extra<'_>) -> Option<Setup> {
+    let llama = LlamaServer::start(slots, ctx)?;
+    let worker = crate::worker_name(&llama.url());
+    let toml = format!(
+        "{}\n[[models]]\nname = \"{MODEL}\"\n{}\n[[models.workers]]\nurl = \"{}\"\nname = \"{worker}\"\n{}\n",
+        extra.head,
+        extra.model,
+        llama.url(),
+        extra.worker
+    );
+    let proxy = crate::proxy(cores, &toml);
+    Some(Setup {
+        llama,
+        proxy,
+        worker,
+    })
 }
 
 impl Drop for LlamaServer {
