@@ -19,7 +19,6 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 use spillway_testkit::llamacpp::{Extra, MODEL, setup};
-use spillway_testkit::tools::skip_missing_tool;
 use spillway_testkit::*;
 
 /// A `/v1/completions` request for `tokens` tokens.
@@ -527,18 +526,9 @@ fn a_waiting_threshold_of_zero_keeps_llama_servers_queue_empty() {
 /// without the `openai` package, failing instead under CI.
 #[test]
 fn official_openai_client_through_spillway_to_llama_server() {
-    let python = std::env::var("SPILLWAY_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_client = Command::new(&python)
-        .args(["-c", "import openai"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_client {
-        skip_missing_tool(
-            "the openai Python package",
-            format_args!("`{python} -c 'import openai'` fails"),
-        );
+    let Some(python) = spillway_testkit::tools::python_with("openai") else {
         return;
-    }
+    };
     let Some(s) = setup(2, 2048, 1, Extra::default()) else {
         return;
     };

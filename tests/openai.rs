@@ -11,7 +11,6 @@
 use std::process::Command;
 
 use spillway_mock::MockConfig;
-use spillway_testkit::tools::skip_missing_tool;
 use spillway_testkit::{SSE_HEAD, Script, Upstream, chunk, model, proxy, scripted, worker_name};
 
 const MODEL: &str = "Qwen/Qwen3-0.6B";
@@ -47,18 +46,9 @@ fn official_openai_client_works_over_tls() {
 }
 
 fn run_checks(tls: Option<&spillway_testkit::tls::Pki>) {
-    let python = std::env::var("SPILLWAY_PYTHON").unwrap_or_else(|_| "python3".into());
-    let has_client = Command::new(&python)
-        .args(["-c", "import openai"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if !has_client {
-        skip_missing_tool(
-            "the openai Python package",
-            format_args!("`{python} -c 'import openai'` fails"),
-        );
+    let Some(python) = spillway_testkit::tools::python_with("openai") else {
         return;
-    }
+    };
     // Two mock engines behind Spillway, shaped as the demo runs them.
     let engines: Vec<_> = (0..2)
         .map(|seed| {

@@ -24,6 +24,24 @@ pub fn skip_missing_tool(tool: &str, why: impl Display) {
     eprintln!("skipping: {tool} is not available ({why})");
 }
 
+/// The Python interpreter the tests use (`SPILLWAY_PYTHON`, else `python3`) when it can
+/// import `module`; `None` (the test then returns) after [`skip_missing_tool`] otherwise.
+pub fn python_with(module: &str) -> Option<String> {
+    let python = std::env::var("SPILLWAY_PYTHON").unwrap_or_else(|_| "python3".into());
+    let imports = std::process::Command::new(&python)
+        .args(["-c", &format!("import {module}")])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if !imports {
+        skip_missing_tool(
+            &format!("the {module} Python package"),
+            format_args!("`{python} -c 'import {module}'` fails"),
+        );
+        return None;
+    }
+    Some(python)
+}
+
 /// A new empty directory under the system's temp dir, named `spillway-<what>-<pid>-<n>`
 /// (unique within the process); the caller removes it.
 pub fn scratch_dir(what: &str) -> std::path::PathBuf {
