@@ -4,6 +4,11 @@
 //! any response byte reached the client retries within the model's retry budget (both
 //! up to `migration_limit`, never back to a worker that refused or failed). Each
 //! attempt's outcome is counted for its worker's health; the request's once at the end.
+//!
+//! The helpers of the rare paths (a refusal, a retry, a failure's end, the health fast
+//! path) are `#[cold]` and never inlined: inlined, they sat inside the connection's state
+//! machine, among the common path's instructions, and cost about 3 % CPU per request in
+//! instruction-cache misses (bench/README.md, `bench/results/proxy-cachesim-27.md`).
 
 use super::attempt::{Done, attempt};
 use super::core::CoreCtx;
@@ -78,6 +83,8 @@ pub(super) async fn forward(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>) -> Forward
 }
 
 /// One log line per refusal, at most once a second per knob on each core.
+#[cold]
+#[inline(never)]
 fn log_refusal(ctx: &CoreCtx, req: &Outbound<'_>, e: &RequestError, knob: Knob, rid: &[u8]) {
     if !ctx.may_log_refusal(knob, clock::now_ms()) {
         return;
@@ -239,6 +246,8 @@ async fn attempts(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, stage: &mut InStage<
 /// No worker is left to pick: the client's answer. Refused by every worker tried: why
 /// they refused. Failed by every worker that could take it: the last failure. Else the
 /// pick's own answer (counted at the held worker it names, if any).
+#[cold]
+#[inline(never)]
 fn unpicked(none: Unpicked<'_>, tries: &Tries) -> Forwarded {
     match none.answer {
         RequestError::Overloaded(_) | RequestError::Refused(..) if tries.last_refusal.is_some() => {
@@ -254,6 +263,8 @@ fn unpicked(none: Unpicked<'_>, tries: &Tries) -> Forwarded {
 }
 
 /// The last attempt failed and nobody else may try: who closed, and the answer.
+#[cold]
+#[inline(never)]
 fn ended(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, e: AttemptError) -> Forwarded {
     if e.to_client().is_none() {
         ex.trail.closed = Some(match e {
@@ -294,6 +305,8 @@ fn count_outcome(
 /// Failures in a row reached the threshold: out of rotation at once, without waiting for
 /// the monitor's pass (which ejects it, or says no and puts it back), unless that would
 /// leave `model` fewer than its healthy share by what this core sees.
+#[cold]
+#[inline(never)]
 fn out_at_once(ctx: &CoreCtx, snap: &Snapshot, model: &Model, worker: &Worker) {
     if worker.state.is_provisional() {
         return;
@@ -314,6 +327,8 @@ fn out_at_once(ctx: &CoreCtx, snap: &Snapshot, model: &Model, worker: &Worker) {
 /// Decides whether a failed attempt is retried on another worker: within the limit and
 /// the model's retry budget (docs/behaviour.md §22.5), which a wait given up on a hung
 /// worker does not need. Counts it either way.
+#[cold]
+#[inline(never)]
 fn retry<'m>(ctx: &CoreCtx, req: &Outbound<'m>, e: &AttemptError, tries: &mut Tries<'m>) -> bool {
     let reason = e.retry_reason().unwrap_or(RetryReason::Malformed);
     let (snap, model) = (req.snap, req.model);
@@ -339,6 +354,8 @@ fn retry<'m>(ctx: &CoreCtx, req: &Outbound<'m>, e: &AttemptError, tries: &mut Tr
 
 /// Marks a worker that refused the request and decides whether the request may move:
 /// `Some(answer)` when it may not (limit spent, or direct routing).
+#[cold]
+#[inline(never)]
 fn refused(
     ctx: &CoreCtx,
     req: &Outbound<'_>,

@@ -4,7 +4,8 @@
 //! have it; nothing reachable → 503, only busy ones → the overload status. A worker out
 //! of rotation by health is unreachable unless its model panics; one waiting for its
 //! trial takes the one request that claims it. Recent failures on this core count as
-//! requests in flight.
+//! requests in flight. The direct and `kv` picks and the cold paths are never inlined
+//! (see `forward.rs`).
 
 use super::admit::at_capacity;
 use super::core::CoreCtx;
@@ -183,6 +184,8 @@ fn pick_once<'s>(
 /// figures of the one among `members` held now with the most room at its gate (the
 /// first of equals), its admitted requests against its N + Q; without figures when none
 /// held has a gate.
+#[cold]
+#[inline(never)]
 fn held_full<'s>(
     req: &Outbound<'s>,
     members: impl Iterator<Item = usize>,
@@ -251,6 +254,7 @@ fn busy_why(ctx: &CoreCtx, req: &Outbound<'_>, busy: &BusySet, i: usize) -> Opti
 
 /// Direct mode: the member the `x-worker-id` header names, or why not (`why`: why a
 /// member is busy by the busy rule; a held one says it is full).
+#[inline(never)]
 fn pick_direct<'s>(
     req: &Outbound<'s>,
     worker_id: Option<&[u8]>,
@@ -278,6 +282,7 @@ fn pick_direct<'s>(
 
 /// `kv` mode: the decision (`route::decide_kv`) on this core's scratch, and its metrics;
 /// with the prompt tokens predicted cached on the member picked.
+#[inline(never)]
 fn pick_kv(
     ctx: &CoreCtx,
     req: &Outbound<'_>,
@@ -318,6 +323,8 @@ fn pick_kv(
 
 /// Why the least busy of `n` busy members is busy (the one closest to its threshold), by
 /// `why` of each.
+#[cold]
+#[inline(never)]
 fn least_busy(n: usize, why: impl Fn(usize) -> Option<Why>) -> Option<Why> {
     (0..n)
         .filter_map(why)
