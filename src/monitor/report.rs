@@ -31,6 +31,8 @@ pub struct RankReport {
     pub dp_rank: usize,
     #[serde(flatten)]
     pub load: RankLoad,
+    /// The requests the engine runs, as its last scrape said (informational).
+    pub running_requests: Option<u64>,
 }
 
 impl Monitor {
@@ -89,6 +91,7 @@ impl Monitor {
                 .map(|r| RankReport {
                     dp_rank: r,
                     load: load.effective(r, &w.cfg, now, staleness),
+                    running_requests: load.ranks.get(r).and_then(|rank| rank.running),
                 })
                 .collect(),
         }
