@@ -31,39 +31,13 @@ need python3 python3
 need ss iproute2
 watchdog "$MAX_SECONDS"
 T=$BENCH_TMP
-read -r P_ORIGIN P_PROXY P_ADMIN <<<"$(free_ports 3)"
-
-origin_conf "$T/origin" "$P_ORIGIN" >"$T/origin.conf"
-cat >"$T/spillway.toml" <<C
-listen = "127.0.0.1:$P_PROXY"
-admin_listen = "127.0.0.1:$P_ADMIN"
-cores = 1
-pin_cores = false
-monitor_interval_ms = 1000000
-
-[[models]]
-name = "bench-model"
-
-[[models.workers]]
-url = "http://127.0.0.1:$P_ORIGIN"
-name = "origin"
-C
-spawn 1 origin nginx -c "$T/origin.conf" -p "$T/origin"
-wait_port "$P_ORIGIN" "$SPAWNED"
+source "$HERE/callgrind.sh"
+callgrind_origin
 
 # simulate old|new BINARY: one run; appends "old|new <summary counts>".
 simulate() {
   local out="$T/callgrind.$1.out"
-  MONOIO_FORCE_LEGACY_DRIVER=1 RUST_LOG=error spawn 0 callgrind \
-    valgrind --tool=callgrind --cache-sim=yes --branch-sim=yes --callgrind-out-file="$out" \
-    "$2" --config "$T/spillway.toml"
-  local pid=$SPAWNED
-  wait_port "$P_PROXY" "$pid"
-  timeout 300 python3 "$HERE/client.py" 127.0.0.1 "$P_PROXY" "$REQUESTS"
-  kill -INT "$pid"
-  sleep 1
-  kill -INT "$pid" 2>/dev/null || true
-  stop_pid "$pid"
+  callgrind_serve "$out" "$2" 0 "$REQUESTS" --cache-sim=yes --branch-sim=yes
   # events: Ir Dr Dw I1mr D1mr D1mw ILmr DLmr DLmw Bc Bcm Bi Bim
   echo "$1 $(awk '/^summary:/ {$1 = ""; print}' "$out")" >>"$T/results.txt"
   log "$1: $(tail -1 "$T/results.txt")"

@@ -32,40 +32,13 @@ need python3 python3
 need ss iproute2
 watchdog "$MAX_SECONDS"
 T=$BENCH_TMP
-read -r P_ORIGIN P_PROXY P_ADMIN <<<"$(free_ports 3)"
-
-origin_conf "$T/origin" "$P_ORIGIN" >"$T/origin.conf"
-# The monitor's tick is slowed down so that its work does not depend on how long a run lasts.
-cat >"$T/spillway.toml" <<C
-listen = "127.0.0.1:$P_PROXY"
-admin_listen = "127.0.0.1:$P_ADMIN"
-cores = 1
-pin_cores = false
-monitor_interval_ms = 1000000
-
-[[models]]
-name = "bench-model"
-
-[[models.workers]]
-url = "http://127.0.0.1:$P_ORIGIN"
-name = "origin"
-C
-spawn 1 origin nginx -c "$T/origin.conf" -p "$T/origin"
-wait_port "$P_ORIGIN" "$SPAWNED"
+source "$HERE/callgrind.sh"
+callgrind_origin
 
 # instructions BINARY REQUESTS: total instructions of one callgrind run serving REQUESTS.
 instructions() {
   local out="$T/callgrind.out"
-  MONOIO_FORCE_LEGACY_DRIVER=1 RUST_LOG=error spawn 0 callgrind \
-    valgrind --tool=callgrind --callgrind-out-file="$out" "$1" --config "$T/spillway.toml"
-  local pid=$SPAWNED
-  wait_port "$P_PROXY" "$pid"
-  timeout 120 python3 "$HERE/client.py" 127.0.0.1 "$P_PROXY" 200
-  timeout 300 python3 "$HERE/client.py" 127.0.0.1 "$P_PROXY" "$2"
-  kill -INT "$pid"
-  sleep 1
-  kill -INT "$pid" 2>/dev/null || true
-  stop_pid "$pid"
+  callgrind_serve "$out" "$1" 200 "$2"
   awk '/^summary:/ {print $2}' "$out"
 }
 

@@ -3,7 +3,7 @@
 //! leases, puts, deletes, keepalives, compaction.
 
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -23,14 +23,6 @@ pub struct Etcd {
     child: Child,
     dir: PathBuf,
     addr: SocketAddr,
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 impl Etcd {
@@ -54,7 +46,7 @@ impl Etcd {
 
     fn try_start() -> Result<Etcd, String> {
         let dir = crate::tools::scratch_dir("etcd");
-        let (client, peer) = (free_port(), free_port());
+        let (client, peer) = (crate::tools::free_port(), crate::tools::free_port());
         let client_url = format!("http://127.0.0.1:{client}");
         let peer_url = format!("http://127.0.0.1:{peer}");
         let log = std::fs::File::create(dir.join("etcd.log")).unwrap();

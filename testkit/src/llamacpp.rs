@@ -11,7 +11,7 @@
 //! The server runs with `--ignore-eos`: the random weights emit the end-of-sequence token
 //! now and then, and a test asking for N tokens gets exactly N.
 
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -118,14 +118,6 @@ pub fn tiny_model() -> &'static Path {
     })
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 impl LlamaServer {
     /// Starts `llama-server -np slots -c ctx` (each slot gets `ctx / slots` tokens of
     /// context) on a free loopback port and waits until `/health` answers 200. `None`
@@ -151,7 +143,7 @@ impl LlamaServer {
         // A port taken between picking and binding: try again with another.
         let mut last = String::new();
         for _ in 0..3 {
-            server.port = free_port();
+            server.port = crate::tools::free_port();
             match server.launch() {
                 Ok(()) => return Some(server),
                 Err(why) => last = why,

@@ -2,7 +2,7 @@
 //! std helpers beside it: one-shot publish, kill and restart on the same port.
 
 use std::io::{BufRead, BufReader, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -40,7 +40,7 @@ impl Nats {
             dir,
         };
         for _ in 0..3 {
-            nats.port = free_port();
+            nats.port = crate::tools::free_port();
             if nats.spawn() {
                 return Some(nats);
             }
@@ -144,12 +144,4 @@ impl Drop for Nats {
         self.kill();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }

@@ -42,6 +42,16 @@ pub fn python_with(module: &str) -> Option<String> {
     Some(python)
 }
 
+/// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then let go),
+/// for servers that must be told their port.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
 /// A new empty directory under the system's temp dir, named `spillway-<what>-<pid>-<n>`
 /// (unique within the process); the caller removes it.
 pub fn scratch_dir(what: &str) -> std::path::PathBuf {
