@@ -99,6 +99,10 @@ pub struct MockArgs {
     /// Each half of a flap cycle (healthy, then failing), in milliseconds.
     #[arg(long, default_value_t = defaults::FLAP_PERIOD_MS, value_parser = clap::value_parser!(u64).range(1..))]
     pub flap_period_ms: u64,
+    /// Bytes of a `system_fingerprint` string in every response object and stream event
+    /// (0: none), to make events as large as an engine's with logprobs.
+    #[arg(long, default_value_t = 0)]
+    pub fingerprint_bytes: usize,
 }
 
 impl MockArgs {
@@ -121,6 +125,7 @@ impl MockArgs {
             push_interval_ms: self.push_interval_ms,
             fault: self.fault,
             flap_period_ms: self.flap_period_ms,
+            fingerprint_bytes: self.fingerprint_bytes,
         }
     }
 }

@@ -159,6 +159,9 @@ pub struct MockConfig {
     pub fault: Fault,
     /// Each half of a `flap` cycle (healthy, then failing), in milliseconds; at least 1.
     pub flap_period_ms: u64,
+    /// Bytes of a `system_fingerprint` string in every response object and stream event
+    /// (0: none), to make events as large as an engine's with logprobs.
+    pub fingerprint_bytes: usize,
 }
 
 impl Default for MockConfig {
@@ -182,6 +185,7 @@ impl Default for MockConfig {
             push_interval_ms: PUSH_INTERVAL_MS,
             fault: Fault::None,
             flap_period_ms: FLAP_PERIOD_MS,
+            fingerprint_bytes: 0,
         }
     }
 }

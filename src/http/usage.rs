@@ -1,10 +1,19 @@
 //! Output tokens of a response, without parsing its JSON: the last `"completion_tokens"`
 //! number (OpenAI's `usage`, in a unary body or the last event of a stream with
 //! `stream_options.include_usage`), and whether a stream ended with `data: [DONE]`. Works
-//! across arbitrary splits; looks at each byte once.
+//! across arbitrary splits. Each needle is found with `memchr::memmem` (SIMD) and only a
+//! match that a split cuts, and what follows the key, is stepped a byte at a time: every
+//! relayed byte passes through here, so this runs once per event of every stream.
+
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
 
 const KEY: &[u8] = b"\"completion_tokens\"";
 const DONE: &[u8] = b"[DONE]";
+
+static KEY_FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(KEY));
+static DONE_FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(DONE));
 
 /// Matches one needle whose first byte occurs nowhere else in it but its end (so a
 /// mismatch restarts at 0, or 1 when the byte is the first one).
@@ -26,6 +35,29 @@ impl Needle {
             self.matched = usize::from(needle[0] == b);
         }
         false
+    }
+
+    /// Finds `needle` in `bytes`, continuing a match cut by the last split; returns the
+    /// offset just past the first whole match, or None with the state left at the
+    /// longest match that `bytes` ends in.
+    fn find(&mut self, needle: &[u8], finder: &Finder<'_>, bytes: &[u8]) -> Option<usize> {
+        let mut i = 0;
+        while self.matched > 0 {
+            let &b = bytes.get(i)?;
+            i += 1;
+            if self.step(needle, b) {
+                return Some(i);
+            }
+        }
+        if let Some(p) = finder.find(&bytes[i..]) {
+            return Some(i + p + needle.len());
+        }
+        // No whole match: a cut one can only start in the last `needle.len() - 1` bytes.
+        let tail = bytes.len().saturating_sub(needle.len() - 1).max(i);
+        for &b in &bytes[tail..] {
+            self.step(needle, b);
+        }
+        None
     }
 }
 
@@ -51,18 +83,30 @@ pub struct UsageScanner {
 
 impl UsageScanner {
     pub fn feed(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.step(b);
+        if !self.saw_done && self.done.find(DONE, &DONE_FINDER, bytes).is_some() {
+            self.saw_done = true;
+        }
+        let mut i = 0;
+        while i < bytes.len() {
+            if self.after == After::Key {
+                match self.key.find(KEY, &KEY_FINDER, &bytes[i..]) {
+                    Some(past) => {
+                        i += past;
+                        self.after = After::Colon { seen: false };
+                    }
+                    None => return,
+                }
+            } else {
+                self.after_key(bytes[i]);
+                i += 1;
+            }
         }
     }
 
+    /// One byte after the key: spaces and a colon, then the number.
     #[inline]
-    fn step(&mut self, b: u8) {
-        if self.done.step(DONE, b) {
-            self.saw_done = true;
-        }
+    fn after_key(&mut self, b: u8) {
         self.after = match self.after {
-            After::Key if self.key.step(KEY, b) => After::Colon { seen: false },
             After::Key => After::Key,
             After::Colon { seen } => match b {
                 b' ' | b'\t' | b'\r' | b'\n' => After::Colon { seen },
@@ -143,5 +187,55 @@ mod tests {
         assert_eq!(u.completion_tokens(), Some(42));
         let u = scan(br#"{"completion_tokens":"x"}"#, 2);
         assert_eq!(u.completion_tokens(), None);
+    }
+
+    /// The scanner as first written, one byte at a time: what `feed` must agree with.
+    fn reference(body: &[u8]) -> (Option<u64>, bool) {
+        let (mut key, mut done, mut after) = (Needle::default(), Needle::default(), After::Key);
+        let (mut tokens, mut saw_done) = (None, false);
+        for &b in body {
+            saw_done |= done.step(DONE, b);
+            let mut u = UsageScanner {
+                after,
+                ..UsageScanner::default()
+            };
+            after = match after {
+                After::Key if key.step(KEY, b) => After::Colon { seen: false },
+                After::Key => After::Key,
+                _ => {
+                    u.after_key(b);
+                    tokens = u.completion_tokens.or(tokens);
+                    u.after
+                }
+            };
+        }
+        let tokens = match after {
+            After::Digits(n) => Some(n),
+            _ => tokens,
+        };
+        (tokens, saw_done)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn agrees_with_the_byte_at_a_time_scanner(
+            pieces in proptest::collection::vec(0usize..12, 0..40),
+            cuts in proptest::collection::vec(1usize..24, 1..8),
+        ) {
+            const ALPHABET: [&[u8]; 12] = [
+                b"\"completion_tokens\"", b"\"completion_tok", b"ens\"", b":", b" ", b"42",
+                b"7", b"[DONE]", b"[DON", b"E]", b"\"", b"data: {\"x\":[1]}\n\n",
+            ];
+            let body: Vec<u8> = pieces.iter().flat_map(|&p| ALPHABET[p].iter().copied()).collect();
+            let mut u = UsageScanner::default();
+            let (mut at, mut k) = (0, 0);
+            while at < body.len() {
+                let end = (at + cuts[k % cuts.len()]).min(body.len());
+                u.feed(&body[at..end]);
+                at = end;
+                k += 1;
+            }
+            proptest::prop_assert_eq!((u.completion_tokens(), u.saw_done()), reference(&body));
+        }
     }
 }

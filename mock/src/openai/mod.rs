@@ -153,6 +153,8 @@ pub struct Renderer<'a> {
     pub created: u64,
     /// The served model, already a JSON string (quotes included).
     pub model_json: &'a str,
+    /// Written after the model in every object: `,"system_fingerprint":"…"` or nothing.
+    pub fingerprint: &'a str,
 }
 
 /// Token counts of a finished response.
@@ -169,11 +171,12 @@ impl Renderer<'_> {
     fn open(&self, out: &mut Vec<u8>, object: &str) {
         let _ = write!(
             out,
-            r#"{{"id":"{}{:016x}","object":"{object}","created":{},"model":{},"choices":["#,
+            r#"{{"id":"{}{:016x}","object":"{object}","created":{},"model":{}{},"choices":["#,
             self.api.id_prefix(),
             self.id,
             self.created,
             self.model_json,
+            self.fingerprint,
         );
     }
 
@@ -301,6 +304,7 @@ mod tests {
             id: 0xab,
             created: 1700000000,
             model_json: r#""m/1""#,
+            fingerprint: "",
         };
         let head = json!({"id":"chatcmpl-00000000000000ab","object":"chat.completion.chunk","created":1700000000,"model":"m/1"});
         let with = |choices: Value| {
@@ -354,6 +358,7 @@ mod tests {
             id: 1,
             created: 5,
             model_json: r#""m""#,
+            fingerprint: "",
         }
         .response(&mut out, "a b", Finish::Stop, usage);
         let v: Value = serde_json::from_slice(&out).unwrap();
@@ -369,6 +374,7 @@ mod tests {
             id: 1,
             created: 5,
             model_json: r#""m""#,
+            fingerprint: "",
         }
         .response(&mut out, "a", Finish::Length, usage);
         let v: Value = serde_json::from_slice(&out).unwrap();
@@ -384,6 +390,7 @@ mod tests {
             id: 1,
             created: 5,
             model_json: r#""m""#,
+            fingerprint: "",
         }
         .response(&mut out, "a", Finish::Length, cached);
         let v: Value = serde_json::from_slice(&out).unwrap();
@@ -398,6 +405,7 @@ mod tests {
             id: 1,
             created: 5,
             model_json: r#""m""#,
+            fingerprint: "",
         }
         .token_event(&mut out, &[" a"], None);
         assert!(out.starts_with(b"data: {\"id\":\"cmpl-"));

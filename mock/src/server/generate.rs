@@ -67,6 +67,7 @@ impl Conn {
                 id: mix(mock.cfg.seed, id),
                 created: clock::unix_secs(),
                 model_json: &mock.model_json,
+                fingerprint: &mock.fingerprint,
             },
             text: Text::new(mock.cfg.seed, id),
             chunked,

@@ -30,6 +30,8 @@ pub struct Mock {
     engine_cfg: EngineConfig,
     /// The served model as a JSON string, quotes included.
     model_json: String,
+    /// `,"system_fingerprint":"fp_…"` of `fingerprint_bytes`, or empty.
+    fingerprint: String,
     epoch: Instant,
     engine: RefCell<Engine>,
     /// The connection waiting on each sequence.
@@ -187,6 +189,7 @@ pub fn run(
         );
         let mock = Rc::new(Mock {
             model_json: serde_json::to_string(&cfg.model).unwrap_or_else(|_| "\"\"".into()),
+            fingerprint: fingerprint(cfg.fingerprint_bytes),
             engine: RefCell::new(Engine::new(engine_cfg.clone())),
             engine_cfg,
             cfg,
@@ -231,6 +234,16 @@ async fn accept_until_stopped(listener: &TcpListener, stop: StdUnixStream, mock:
     }
 }
 
+/// `,"system_fingerprint":"fp_…"` with a string of `bytes` bytes; empty for 0.
+fn fingerprint(bytes: usize) -> String {
+    if bytes == 0 {
+        return String::new();
+    }
+    let hex = b"0123456789abcdef";
+    let body: String = (3..bytes.max(3)).map(|i| char::from(hex[i % 16])).collect();
+    format!(r#","system_fingerprint":"fp_{body}""#)
+}
+
 /// The scheduler: advances the engine to the clock, hands tokens to their connections,
 /// and sleeps until the step under way ends or a request arrives.
 async fn drive(mock: Rc<Mock>) {
@@ -265,6 +278,23 @@ async fn drive(mock: Rc<Mock>) {
                 }
             }
             None => mock.kick.wait().await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fingerprint;
+
+    #[test]
+    fn fingerprint_has_the_asked_bytes_and_parses() {
+        assert_eq!(fingerprint(0), "");
+        for bytes in [1, 3, 40, 1000] {
+            let f = fingerprint(bytes);
+            let v: serde_json::Value = serde_json::from_str(&format!("{{{}}}", &f[1..])).unwrap();
+            let s = v["system_fingerprint"].as_str().unwrap();
+            assert_eq!(s.len(), bytes.max(3), "{f}");
+            assert!(s.starts_with("fp_"));
         }
     }
 }
