@@ -76,6 +76,73 @@ fn worker() -> String {
     worker_url
 }
 
+/// A fake worker on port 0 that streams every answer: a chunked `text/event-stream` of
+/// `EVENTS` token events, a usage event and `[DONE]`, each written on its own.
+fn stream_worker() -> String {
+    let worker = TcpListener::bind("127.0.0.1:0").unwrap();
+    let worker_url = format!("http://{}", worker.local_addr().unwrap());
+    std::thread::spawn(move || {
+        for s in worker.incoming().flatten() {
+            std::thread::spawn(move || {
+                let mut s = s;
+                let _ = s.set_nodelay(true);
+                let mut buf = [0u8; 16384];
+                while read_message(&mut s, &mut buf).is_some() {
+                    if write_stream(&mut s).is_err() {
+                        return;
+                    }
+                }
+            });
+        }
+    });
+    worker_url
+}
+
+const EVENTS: usize = 16;
+
+fn write_stream(s: &mut TcpStream) -> std::io::Result<()> {
+    s.write_all(
+        b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n",
+    )?;
+    const TOKEN: &[u8] = b"data: {\"choices\":[{\"index\":0,\"delta\":{\"content\":\" hi\"}}]}\n\n";
+    const USAGE: &[u8] =
+        b"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":5,\"completion_tokens\":16}}\n\n";
+    const DONE: &[u8] = b"data: [DONE]\n\n";
+    let mut chunk = [0u8; 256];
+    for event in std::iter::repeat_n(TOKEN, EVENTS).chain([USAGE, DONE]) {
+        let head = format_hex(event.len(), &mut chunk);
+        chunk[head..head + event.len()].copy_from_slice(event);
+        chunk[head + event.len()..head + event.len() + 2].copy_from_slice(b"\r\n");
+        s.write_all(&chunk[..head + event.len() + 2])?;
+    }
+    s.write_all(b"0\r\n\r\n")
+}
+
+/// Writes `n` in hex and CRLF at the start of `out`, without allocating; returns its length.
+fn format_hex(n: usize, out: &mut [u8]) -> usize {
+    let digits = (usize::BITS - n.leading_zeros()).div_ceil(4).max(1) as usize;
+    for i in 0..digits {
+        out[digits - 1 - i] = b"0123456789abcdef"[(n >> (4 * i)) & 0xf];
+    }
+    out[digits..digits + 2].copy_from_slice(b"\r\n");
+    digits + 2
+}
+
+/// Reads one chunked response to its last chunk into `buf`; returns its length.
+fn read_chunked(s: &mut TcpStream, buf: &mut [u8]) -> Option<usize> {
+    let mut filled = 0;
+    loop {
+        let n = s.read(&mut buf[filled..]).ok()?;
+        if n == 0 {
+            return None;
+        }
+        filled += n;
+        if buf[..filled].ends_with(b"\r\n0\r\n\r\n") {
+            return Some(filled);
+        }
+    }
+}
+
 /// Heap allocations while a proxy in front of `workers` fake workers, configured by
 /// `model_toml` (given their URLs), serves `requests` in turn 5,000 times, after a warm-up.
 fn allocations_per_steady_run(
@@ -83,12 +150,23 @@ fn allocations_per_steady_run(
     model_toml: impl Fn(&[String]) -> String,
     requests: &[Vec<u8>],
 ) -> (u64, String) {
-    let urls: Vec<String> = (0..workers).map(|_| worker()).collect();
+    allocations_with(worker, read_message, workers, model_toml, requests)
+}
+
+/// The same with other workers (`spawn_worker`) and answers (`read`).
+fn allocations_with(
+    spawn_worker: fn() -> String,
+    read: fn(&mut TcpStream, &mut [u8]) -> Option<usize>,
+    workers: usize,
+    model_toml: impl Fn(&[String]) -> String,
+    requests: &[Vec<u8>],
+) -> (u64, String) {
+    let urls: Vec<String> = (0..workers).map(|_| spawn_worker()).collect();
     // Connections that idle past `buffer_release_ms` park and allocate their request
     // loop's state again when they wake (once per wake, not per request): keep this one
     // busy whatever the machine's pauses.
     let toml = format!(
-        "[limits]\nbuffer_release_ms = 600000\n{}",
+        "{}\n[limits]\nbuffer_release_ms = 600000\n",
         model_toml(&urls)
     );
     let p = proxy(1, &toml);
@@ -97,7 +175,7 @@ fn allocations_per_steady_run(
     let mut buf = [0u8; 4096];
     let mut round = |client: &mut TcpStream, request: &[u8]| {
         client.write_all(request).unwrap();
-        let n = read_message(client, &mut buf).unwrap();
+        let n = read(client, &mut buf).unwrap();
         assert!(
             buf[..n].starts_with(b"HTTP/1.1 200 OK\r\n"),
             "{}",
@@ -125,6 +203,41 @@ fn steady_state_proxying_allocates_nothing() {
     assert_eq!(
         n, 0,
         "{n} heap allocations over 5,000 proxied requests: {whose}"
+    );
+}
+
+/// Streamed answers with shedding on: every event is scanned (SSE count, usage), counted
+/// into the tracked decode blocks and timed (ITL), and written through as it came.
+fn streaming_with_shedding_allocates_nothing() {
+    let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"say hi"}]}"#;
+    let request = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: spillway\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    // The monitor folds the tracked load every `monitor_interval_ms` and publishes a busy set
+    // whose figures changed, which allocates on the control thread (not the data path,
+    // and once a tick, not per request): keep it out of the count.
+    let shed = |urls: &[String]| {
+        format!(
+            "monitor_interval_ms = 600000\n[[models]]\nname = \"m\"\nactive_decode_blocks_threshold = 0.99\n\
+             active_prefill_tokens_threshold = 1000000\ntrack_output_blocks = true\n\
+             [[models.workers]]\nurl = \"{}\"\nload_sources = [\"tracked\"]\n\
+             kv_total_blocks = 100000\nblock_size = 4\nengine_request_limit = 256\n",
+            urls[0]
+        )
+    };
+    let (n, whose) = allocations_with(
+        stream_worker,
+        read_chunked,
+        1,
+        shed,
+        &[request.into_bytes()],
+    );
+    assert_eq!(
+        n,
+        0,
+        "{n} heap allocations over 5,000 streamed requests of {} events: {whose}",
+        EVENTS + 2
     );
 }
 
@@ -255,12 +368,16 @@ fn access_log_allocates_nothing() {
 }
 
 fn main() {
-    let checks: [(&str, fn()); 4] = [
+    let checks: [(&str, fn()); 5] = [
         (
             "steady_state_proxying_allocates_nothing",
             steady_state_proxying_allocates_nothing,
         ),
         ("kv_routing_allocates_nothing", kv_routing_allocates_nothing),
+        (
+            "streaming_with_shedding_allocates_nothing",
+            streaming_with_shedding_allocates_nothing,
+        ),
         (
             "steady_state_over_tls_allocates_nothing",
             steady_state_over_tls_allocates_nothing,
