@@ -73,6 +73,9 @@ done
 # bench/proxy/run.sh: from the per-run table it wrote.
 regenerate proxy.md "$PY" "$BENCH_DIR/proxy/report.py" tables --runs "$R/proxy-raw.tsv"
 
+# bench/stream/run.sh: from the per-run table it wrote.
+regenerate stream.md "$PY" "$BENCH_DIR/stream/report.py" --raw "$R/stream-raw.tsv" --out-md -
+
 if ((FAILED)); then
   log "$FAILED of $CHECKED checks failed"
   exit 1

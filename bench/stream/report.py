@@ -167,6 +167,15 @@ NOTES = """
   is admitted), `track_output_blocks` (each event counted into the tracked decode
   blocks), `engine_request_limit = 256`, `request_queue_limit = 16`.
 - Spillway, access log on: `[access_log]` JSON lines to a file.
+- HAProxy, default: no `option http-no-delay`. HAProxy then holds data back to send fuller
+  segments, which merges events: its lower CPU is bought with tens of milliseconds of added
+  ITL (`stream-profile-30.md`). "HAProxy, http-no-delay" sends each event as it comes.
+
+## Caveats
+
+- The 2 CPUs are shared with other engineers' builds (the load average is in the header):
+  single rounds swing by up to 20 % (the per-round column), the medians less. The p99.9
+  column catches their preemptions; read p50 and p99.
 """
 
 
