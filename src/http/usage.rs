@@ -1,10 +1,21 @@
 //! Output tokens of a response, without parsing its JSON: the last `"completion_tokens"`
 //! number (OpenAI's `usage`, in a unary body or the last event of a stream with
 //! `stream_options.include_usage`), and whether a stream ended with `data: [DONE]`. Works
-//! across arbitrary splits; looks at each byte once.
+//! across arbitrary splits. Where no match is under way, the bytes are skipped with
+//! `memmem`'s vectorised search rather than looked at one by one: a unary body or an SSE
+//! event holds neither needle until its very end, if at all.
+
+use std::sync::LazyLock;
+
+use memchr::memmem::Finder;
 
 const KEY: &[u8] = b"\"completion_tokens\"";
 const DONE: &[u8] = b"[DONE]";
+
+/// Built once per process (a searcher is not free to build: once per body it cost more
+/// than it saved).
+static KEY_FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(KEY));
+static DONE_FINDER: LazyLock<Finder<'static>> = LazyLock::new(|| Finder::new(DONE));
 
 /// Matches one needle whose first byte occurs nowhere else in it but its end (so a
 /// mismatch restarts at 0, or 1 when the byte is the first one).
@@ -26,6 +37,35 @@ impl Needle {
             self.matched = usize::from(needle[0] == b);
         }
         false
+    }
+
+    /// Whether `bytes` complete the needle (then the state is spent: the caller only
+    /// wants to know), else leaves the state a later chunk continues from.
+    fn find(&mut self, needle: &[u8], finder: &Finder<'_>, bytes: &[u8]) -> bool {
+        let mut i = 0;
+        while self.matched > 0 && i < bytes.len() {
+            if self.step(needle, bytes[i]) {
+                return true;
+            }
+            i += 1;
+        }
+        // Out of bytes with a match still under way: the next chunk goes on with it.
+        self.matched == 0 && self.resume(needle, finder, &bytes[i..]).is_some()
+    }
+
+    /// From no partial match: the end of the first whole needle in `bytes`; else None,
+    /// and the state of a match begun in the last bytes (any begun earlier would have
+    /// been found whole).
+    fn resume(&mut self, needle: &[u8], finder: &Finder<'_>, bytes: &[u8]) -> Option<usize> {
+        if let Some(at) = finder.find(bytes) {
+            return Some(at + needle.len());
+        }
+        let tail = bytes.len().saturating_sub(needle.len() - 1);
+        self.matched = 0;
+        for &b in &bytes[tail..] {
+            self.step(needle, b);
+        }
+        None
     }
 }
 
@@ -50,17 +90,32 @@ pub struct UsageScanner {
 }
 
 impl UsageScanner {
+    /// The two needles are followed apart: `[DONE]` only until it is seen, the key and
+    /// its number always.
     pub fn feed(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.step(b);
+        if !self.saw_done {
+            self.saw_done = self.done.find(DONE, &DONE_FINDER, bytes);
+        }
+        let mut i = 0;
+        while i < bytes.len() {
+            if self.after == After::Key && self.key.matched == 0 {
+                match self.key.resume(KEY, &KEY_FINDER, &bytes[i..]) {
+                    Some(end) => {
+                        i += end;
+                        self.after = After::Colon { seen: false };
+                        continue;
+                    }
+                    None => return,
+                }
+            }
+            self.step(bytes[i]);
+            i += 1;
         }
     }
 
+    /// One byte of the key's search, or of what follows the key.
     #[inline]
     fn step(&mut self, b: u8) {
-        if self.done.step(DONE, b) {
-            self.saw_done = true;
-        }
         self.after = match self.after {
             After::Key if self.key.step(KEY, b) => After::Colon { seen: false },
             After::Key => After::Key,
@@ -135,6 +190,60 @@ mod tests {
         assert!(u.saw_done());
         assert_eq!(output_tokens(&u, true, 3), Some(2));
         assert_eq!(output_tokens(&u, false, 0), None);
+    }
+
+    /// The byte-at-a-time scanner this one replaced, as the reference.
+    fn reference(body: &[u8]) -> (Option<u64>, bool) {
+        let (mut key, mut done, mut after) = (Needle::default(), Needle::default(), After::Key);
+        let (mut last, mut saw_done) = (None, false);
+        for &b in body {
+            saw_done |= done.step(DONE, b);
+            after = match after {
+                After::Key if key.step(KEY, b) => After::Colon { seen: false },
+                After::Key => After::Key,
+                After::Colon { seen } => match b {
+                    b' ' | b'\t' | b'\r' | b'\n' => After::Colon { seen },
+                    b':' if !seen => After::Colon { seen: true },
+                    b'0'..=b'9' if seen => After::Digits(u64::from(b - b'0')),
+                    _ => After::Key,
+                },
+                After::Digits(n) => match b {
+                    b'0'..=b'9' => After::Digits(n * 10 + u64::from(b - b'0')),
+                    _ => {
+                        last = Some(n);
+                        After::Key
+                    }
+                },
+            };
+        }
+        match after {
+            After::Digits(n) => (Some(n), saw_done),
+            _ => (last, saw_done),
+        }
+    }
+
+    #[test]
+    fn same_answers_as_byte_at_a_time_whatever_the_splits() {
+        let bodies: [&[u8]; 5] = [
+            br#"{"usage":{"completion_tokens":7}} "completion_tokens" : 12 x"#,
+            b"data: {\"a\":1}\n\ndata: [DON[DONE]\n\n\"completion_tokens\"\"completion_tokens\":3",
+            br#""completion_tokens""completion_tokens":"completion_tokens":45"#,
+            b"[[DONE] [DONE",
+            br#"{"id":"chatcmpl-bench","choices":[{"index":0}],"usage":{"completion_tokens": 9}}"#,
+        ];
+        for body in bodies {
+            let want = reference(body);
+            for split in 1..=body.len() {
+                let u = scan(body, split);
+                assert_eq!((u.completion_tokens(), u.saw_done()), want, "split {split}");
+            }
+            for cut in 0..=body.len() {
+                let mut u = UsageScanner::default();
+                u.feed(&body[..cut]);
+                u.feed(&body[cut..]);
+                assert_eq!((u.completion_tokens(), u.saw_done()), want, "cut {cut}");
+            }
+        }
     }
 
     #[test]
