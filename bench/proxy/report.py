@@ -231,10 +231,11 @@ def main():
     md.append("")
     md.append(f"CPU µs/req: the proxy's utime+stime (all processes and threads, /proc/PID/stat) over "
               f"a constant-rate run divided by the 200 responses in it (clock tick "
-              f"{1e6 / a.clk_tck:.0f} µs). At peak every "
-              f"proxy keeps CPU 0 busy (the busy column: CPU seconds per wall second), so its "
-              f"peak is its own CPU cost per request at full load; the direct row is the ceiling "
-              f"set by CPU 1, which runs the origin and wrk.")
+              f"{1e6 / a.clk_tck:.0f} µs). At peak a proxy "
+              f"whose busy column (CPU seconds per wall second) is near 100 % is CPU-bound, so "
+              f"its figure is its own CPU cost per request at full load; well below that, CPU 1 "
+              f"(the origin and wrk) was the limit and the proxy idled between batches. The "
+              f"direct row is the ceiling set by CPU 1.")
     md.append("")
     floor = floor_table(summary, targets, rates)
     if floor:
