@@ -18,11 +18,13 @@ COPY Cargo.toml Cargo.lock ./
 COPY .cargo/ .cargo/
 COPY mock/Cargo.toml mock/
 COPY testkit/Cargo.toml testkit/
-RUN mkdir -p src mock/src testkit/src \
+COPY bench/forward/Cargo.toml bench/forward/
+RUN mkdir -p src mock/src testkit/src bench/forward/src \
  && echo 'fn main() {}' > src/main.rs \
+ && echo 'fn main() {}' > bench/forward/src/main.rs \
  && touch src/lib.rs mock/src/lib.rs testkit/src/lib.rs \
  && cargo build --release --locked --bin spillway \
- && rm -rf src mock/src testkit/src
+ && rm -rf src mock/src testkit/src bench/forward/src
 
 # The release build CI runs. COPY keeps the files' modification times, older than the stubs'
 # build: touch the crate roots or cargo keeps the stub binary.

@@ -15,6 +15,8 @@ RESULTS_DIR="$BENCH_DIR/results"
 export PYTHONPATH="$BENCH_DIR/lib${PYTHONPATH:+:$PYTHONPATH}"
 # SPILLWAY_BIN: use that binary as is (no build), e.g. one built in another checkout.
 SPILLWAY="${SPILLWAY_BIN:-$REPO_DIR/target/release/spillway}"
+# bench/proxy's io_uring floor (bench/forward); FORWARDER_BIN: that binary as is.
+FORWARDER="${FORWARDER_BIN:-$REPO_DIR/target/release/spillway-bench-forward}"
 mkdir -p "$WORK_DIR" "$RESULTS_DIR"
 
 BENCH_PIDS=()
@@ -191,6 +193,21 @@ ensure_spillway() {
       -newer "$SPILLWAY" -print -quit)" ]]; then
     log "building spillway (cargo build --release)"
     (cd "$REPO_DIR" && cargo build --release --quiet) || die "cargo build failed"
+  fi
+}
+
+# ensure_forwarder: bench/forward's release binary, built when missing or older than its
+# sources (FORWARDER_BIN set: that binary, never built).
+ensure_forwarder() {
+  if [[ -n ${FORWARDER_BIN:-} ]]; then
+    [[ -x $FORWARDER ]] || die "FORWARDER_BIN=$FORWARDER is not an executable"
+    return 0
+  fi
+  if [[ ! -x "$FORWARDER" ]] || [[ -n "$(find "$REPO_DIR/bench/forward" "$REPO_DIR/Cargo.lock" \
+      -newer "$FORWARDER" -print -quit)" ]]; then
+    log "building the forwarder (cargo build --release -p spillway-bench-forward)"
+    (cd "$REPO_DIR" && cargo build --release --quiet -p spillway-bench-forward) \
+      || die "cargo build of bench/forward failed"
   fi
 }
 

@@ -19,7 +19,9 @@ from spillbench.markdown import UNKNOWN, fmt_us  # noqa: E402
 from spillbench.stats import median as med  # noqa: E402
 from spillbench.wrk import parse  # noqa: E402
 
-TARGETS = ["direct", "spillway", "spillway-base", "nginx", "haproxy"]
+TARGETS = ["direct", "spillway", "spillway-base", "forwarder", "nginx", "haproxy"]
+# bench/forward: the io_uring floor Spillway's CPU per request is compared with.
+FLOOR = "forwarder"
 # The per-run table (--out-raw): what the medians are taken over. `elapsed` (the tool's
 # own duration) and `wall_s` (the script's) came later, and so did rps to 9 significant
 # digits (it had 6): a table without them regenerates every figure but the achieved rates,
@@ -132,6 +134,25 @@ def peak_table(summary, targets, rates):
     return md
 
 
+def floor_table(summary, targets, rates):
+    """Spillway's (and spillway-base's) CPU per request over the forwarder's; empty when
+    the forwarder did not run."""
+    fl = summary.get(FLOOR)
+    rows = [t for t in targets if t.startswith("spillway")]
+    if not fl or not rows:
+        return []
+    ratio = lambda c, f: f"{c / f:.2f}" if (c is not None and f) else "–"
+    md = ["| CPU per request ÷ forwarder's | at peak |"
+          + "".join(f" @ {rate // 1000}k |" for rate in rates),
+          "|---|---|" + "---|" * len(rates)]
+    for t in rows:
+        s = summary[t]
+        line = f"| {t} | {ratio(s['peak_cpu'], fl['peak_cpu'])} |"
+        line += "".join(f" {ratio(s[rate]['cpu'], fl[rate]['cpu'])} |" for rate in rates)
+        md.append(line)
+    return md
+
+
 def latency_table(summary, targets, rates):
     md = ["| target | rate | achieved req/s | p50 | p90 | p99 | p99.9 | p99 vs nginx |",
           "|---|---|---|---|---|---|---|---|"]
@@ -174,7 +195,8 @@ def tables(a):
     runs = runs_from_table(a.runs, a.clk_tck)
     _, targets, rates, _ = layout(runs)
     summary = summarize(runs, targets, rates, a.clk_tck)
-    print("\n".join(peak_table(summary, targets, rates) + [""]
+    floor = floor_table(summary, targets, rates)
+    print("\n".join(peak_table(summary, targets, rates) + [""] + (floor + [""] if floor else [])
                     + latency_table(summary, targets, rates)))
 
 
@@ -201,7 +223,7 @@ def main():
 
     md = results.header(a.header)
     md.append(f"Medians over {rounds} rounds; targets interleaved within each round "
-              f"(direct, spillway, nginx, haproxy, then the next round).")
+              f"({', '.join(targets)}, then the next round).")
     md.append("")
     md.append("## Peak throughput and proxy CPU per request")
     md.append("")
@@ -209,11 +231,18 @@ def main():
     md.append("")
     md.append(f"CPU µs/req: the proxy's utime+stime (all processes and threads, /proc/PID/stat) over "
               f"a constant-rate run divided by the 200 responses in it (clock tick "
-              f"{1e6 / a.clk_tck:.0f} µs). At peak every "
-              f"proxy keeps CPU 0 busy (the busy column: CPU seconds per wall second), so its "
-              f"peak is its own CPU cost per request at full load; the direct row is the ceiling "
-              f"set by CPU 1, which runs the origin and wrk.")
+              f"{1e6 / a.clk_tck:.0f} µs). At peak a proxy "
+              f"whose busy column (CPU seconds per wall second) is near 100 % is CPU-bound, so "
+              f"its figure is its own CPU cost per request at full load; well below that, CPU 1 "
+              f"(the origin and wrk) was the limit and the proxy idled between batches. The "
+              f"direct row is the ceiling set by CPU 1.")
     md.append("")
+    floor = floor_table(summary, targets, rates)
+    if floor:
+        md.append("Against the io_uring floor (`forwarder`, bench/forward: the same ring, no "
+                  "proxy logic), from the medians above:")
+        md.append("")
+        md += floor + [""]
     md.append(f"## Latency at constant rate ({rate_tool}"
               f"{' -q RATE --latency-correction' if rate_tool == 'oha' else ' -R RATE'}, "
               f"coordinated-omission corrected)")
@@ -269,7 +298,7 @@ def main():
 
     plt = plots.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for t, style in zip(TARGETS, ["k--o", "g-o", "g:x", "b-s", "r-^"]):
+    for t, style in zip(TARGETS, ["k--o", "g-o", "g:x", "m-.d", "b-s", "r-^"]):
         if t not in summary:
             continue
         ys = [summary[t][r]["p"]["p99"] for r in rates]

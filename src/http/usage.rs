@@ -189,31 +189,58 @@ mod tests {
         assert_eq!(u.completion_tokens(), None);
     }
 
-    /// The scanner as first written, one byte at a time: what `feed` must agree with.
+    /// The byte-at-a-time scanner this one replaced, as the reference.
     fn reference(body: &[u8]) -> (Option<u64>, bool) {
         let (mut key, mut done, mut after) = (Needle::default(), Needle::default(), After::Key);
-        let (mut tokens, mut saw_done) = (None, false);
+        let (mut last, mut saw_done) = (None, false);
         for &b in body {
             saw_done |= done.step(DONE, b);
-            let mut u = UsageScanner {
-                after,
-                ..UsageScanner::default()
-            };
             after = match after {
                 After::Key if key.step(KEY, b) => After::Colon { seen: false },
                 After::Key => After::Key,
-                _ => {
-                    u.after_key(b);
-                    tokens = u.completion_tokens.or(tokens);
-                    u.after
-                }
+                After::Colon { seen } => match b {
+                    b' ' | b'\t' | b'\r' | b'\n' => After::Colon { seen },
+                    b':' if !seen => After::Colon { seen: true },
+                    b'0'..=b'9' if seen => After::Digits(u64::from(b - b'0')),
+                    _ => After::Key,
+                },
+                After::Digits(n) => match b {
+                    b'0'..=b'9' => After::Digits(n.saturating_mul(10).saturating_add(u64::from(b - b'0'))),
+                    _ => {
+                        last = Some(n);
+                        After::Key
+                    }
+                },
             };
         }
-        let tokens = match after {
-            After::Digits(n) => Some(n),
-            _ => tokens,
-        };
-        (tokens, saw_done)
+        match after {
+            After::Digits(n) => (Some(n), saw_done),
+            _ => (last, saw_done),
+        }
+    }
+
+    #[test]
+    fn same_answers_as_byte_at_a_time_whatever_the_splits() {
+        let bodies: [&[u8]; 5] = [
+            br#"{"usage":{"completion_tokens":7}} "completion_tokens" : 12 x"#,
+            b"data: {\"a\":1}\n\ndata: [DON[DONE]\n\n\"completion_tokens\"\"completion_tokens\":3",
+            br#""completion_tokens""completion_tokens":"completion_tokens":45"#,
+            b"[[DONE] [DONE",
+            br#"{"id":"chatcmpl-bench","choices":[{"index":0}],"usage":{"completion_tokens": 9}}"#,
+        ];
+        for body in bodies {
+            let want = reference(body);
+            for split in 1..=body.len() {
+                let u = scan(body, split);
+                assert_eq!((u.completion_tokens(), u.saw_done()), want, "split {split}");
+            }
+            for cut in 0..=body.len() {
+                let mut u = UsageScanner::default();
+                u.feed(&body[..cut]);
+                u.feed(&body[cut..]);
+                assert_eq!((u.completion_tokens(), u.saw_done()), want, "cut {cut}");
+            }
+        }
     }
 
     proptest::proptest! {
