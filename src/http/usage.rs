@@ -205,7 +205,9 @@ mod tests {
                     _ => After::Key,
                 },
                 After::Digits(n) => match b {
-                    b'0'..=b'9' => After::Digits(n.saturating_mul(10).saturating_add(u64::from(b - b'0'))),
+                    b'0'..=b'9' => {
+                        After::Digits(n.saturating_mul(10).saturating_add(u64::from(b - b'0')))
+                    }
                     _ => {
                         last = Some(n);
                         After::Key
