@@ -22,7 +22,8 @@ pub(super) struct Parked {
     /// The socket, for the sweep's shutdown.
     pub fd: RawFd,
     pub peer: IpAddr,
-    /// [`IDLE_PROBE_LEN`](crate::http::limits::IDLE_PROBE_LEN) bytes, allocated once per connection.
+    /// [`IDLE_PROBE_LEN`](crate::http::limits::IDLE_PROBE_LEN) bytes, allocated once per
+    /// connection.
     pub probe: Box<[u8]>,
     /// Bytes of the next request in `probe`.
     pub probed: usize,
@@ -61,16 +62,16 @@ impl std::fmt::Debug for ParkedConns {
 
 impl ParkedConns {
     /// Ends the probes of connections idle past their deadline (they close): their sockets'
-    /// reading sides are shut down, so the probe reads the end of the stream. A socket in
-    /// the table is open: its connection's park leaves the table before the socket closes.
+    /// reading sides are shut down, so the probe reads the end of the stream. The entry
+    /// stays (marked, so that it is shut down once) until the connection's park ends and
+    /// takes it out, so a socket in the table is open and a key is never reused early.
     pub fn expire(&mut self, now_ms: u64) {
-        self.deadlines.retain(|_, (deadline, fd)| {
-            if *deadline > now_ms {
-                return true;
+        for (_, (deadline, fd)) in self.deadlines.iter_mut() {
+            if *deadline <= now_ms {
+                *deadline = u64::MAX;
+                let _ = nix::sys::socket::shutdown(*fd, nix::sys::socket::Shutdown::Read);
             }
-            let _ = nix::sys::socket::shutdown(*fd, nix::sys::socket::Shutdown::Read);
-            false
-        });
+        }
     }
 
     /// A canceller for a burst's reads: one that an ended burst gave back, else a new one.
