@@ -71,7 +71,7 @@ fn accepted(ctx: &Rc<CoreCtx>, stream: TcpStream, peer: SocketAddr, tls: bool) {
         }
         return;
     }
-    monoio::spawn(serve(ctx.clone(), stream, peer, tls));
+    serve(ctx, stream, peer, tls);
 }
 
 /// Answers a connection over `max_connections` and closes it.

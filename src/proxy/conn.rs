@@ -5,11 +5,18 @@
 //! the request loop's state freed, and only a small probe read in flight until the next
 //! request (or `idle_timeout_ms`). What a request needs from its connection lives in
 //! the [`Session`]; the client's read half is the pinned [`ClientReader`] beside it.
+//!
+//! A connection's task is what it holds while parked, so nothing large lives in it: the
+//! request loop's state is boxed per burst, and a TLS handshake runs in a task of its own
+//! that hands the connection to a fresh one (`tests/idle_memory.rs` bounds the parked
+//! connection's heap).
 
 use std::net::SocketAddr;
 use std::rc::Rc;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
+
+use std::os::fd::AsRawFd;
 
 use monoio::io::{Canceller, Splitable};
 use monoio::net::TcpStream;
@@ -23,7 +30,6 @@ use super::park::{Parked, park};
 use super::peer::PeerIp;
 use super::session::{ClientIo, RequestId, Session};
 use super::watch::Reader;
-use crate::http::limits::IDLE_PROBE_LEN;
 use crate::http::request::RequestHead;
 use crate::http::trace::TraceId;
 use crate::runtime::reader::{ClientReader, Released};
@@ -31,38 +37,47 @@ use crate::runtime::stream::{ClientRead, ClientWrite};
 use crate::shed::Class;
 use crate::state::counters::add;
 
-/// Serves one accepted connection until it closes; a TLS listener's connection first
-/// completes its handshake.
-pub(super) async fn serve(ctx: Rc<CoreCtx>, stream: TcpStream, peer: SocketAddr, tls: bool) {
-    let _connection = Connection::adopt(&ctx);
+/// Serves one accepted connection until it closes.
+pub(super) fn serve(ctx: &Rc<CoreCtx>, stream: TcpStream, peer: SocketAddr, tls: bool) {
     let _ = stream.set_nodelay(true);
-    let (half, writer) = if tls {
-        match super::handshake::handshake(&ctx, stream, peer).await {
-            Some(halves) => halves,
-            None => return,
-        }
+    if tls {
+        monoio::spawn(serve_tls(Connection::adopt(ctx), stream, peer));
     } else {
+        let fd = stream.as_raw_fd();
         let (half, writer) = stream.into_split();
-        (ClientRead::Plain(half), ClientWrite::Plain(writer))
-    };
-    let mut parked = Parked {
-        half,
-        writer,
-        peer: PeerIp::new(peer),
-        canceller: Canceller::new(),
-        probe: Box::new([0; IDLE_PROBE_LEN]),
-        probed: 0,
-    };
+        let halves = (ClientRead::Plain(half), ClientWrite::Plain(writer));
+        let parked = Parked::new(halves, fd, peer.ip());
+        monoio::spawn(serve_parked(Connection::adopt(ctx), parked));
+    }
+}
+
+/// A TLS connection's handshake, in a task of its own (its state is kilobytes); the
+/// connection's requests are then served by another, which holds none of it.
+async fn serve_tls(conn: Connection, stream: TcpStream, peer: SocketAddr) {
+    let fd = stream.as_raw_fd();
+    if let Some(halves) = super::handshake::handshake(&conn.0, stream, peer).await {
+        monoio::spawn(serve_parked(conn, Parked::new(halves, fd, peer.ip())));
+    }
+}
+
+/// Serves a connection's requests, in bursts, parked between them, until it closes. This
+/// is what the connection's task holds while parked: its arguments and [`park`]'s few
+/// words (`tests/idle_memory.rs` bounds it).
+async fn serve_parked(conn: Connection, mut parked: Parked) {
+    let ctx = &conn.0;
     loop {
         // Boxed: the request loop's state (kilobytes) exists only while requests come.
-        let Some((idle, since)) = Box::pin(burst(ctx.clone(), parked)).await else {
-            return;
+        let since = match Box::pin(burst(ctx.clone(), parked)).await {
+            Some((idle, since)) => {
+                parked = idle;
+                since
+            }
+            None => return,
         };
         let idle_ms = ctx.snapshot().config.limits.idle_timeout_ms;
-        let Some(woken) = park(&ctx.parked, idle, idle_ms, since).await else {
+        if !park(&ctx.parked, &mut parked, idle_ms, since).await {
             return;
-        };
-        parked = woken;
+        }
     }
 }
 
@@ -84,8 +99,8 @@ async fn burst(ctx: Rc<CoreCtx>, parked: Parked) -> Option<(Parked, Instant)> {
     let Parked {
         half,
         writer,
+        fd,
         peer,
-        canceller,
         probe,
         probed,
     } = parked;
@@ -93,6 +108,7 @@ async fn burst(ctx: Rc<CoreCtx>, parked: Parked) -> Option<(Parked, Instant)> {
     let mut buf = ctx.read_bufs.borrow_mut().take();
     half.absorb_probe(&probe[..probed], &mut buf);
     let from_worker = ctx.read_bufs.borrow_mut().take();
+    let canceller = ctx.parked.borrow_mut().take_canceller();
     let (to_client, to_worker) = {
         let mut writes = ctx.write_bufs.borrow_mut();
         (writes.take(), writes.take())
@@ -111,7 +127,7 @@ async fn burst(ctx: Rc<CoreCtx>, parked: Parked) -> Option<(Parked, Instant)> {
         },
         ctx,
         head: RequestHead::default(),
-        peer,
+        peer: PeerIp::new(peer),
         request_id: RequestId::default(),
         class: Class::default(),
         scratch: Vec::new(),
@@ -123,7 +139,7 @@ async fn burst(ctx: Rc<CoreCtx>, parked: Parked) -> Option<(Parked, Instant)> {
         // TLS says it is done (close_notify), so the client can tell an end from a cut.
         session.io.writer.close_notify().await;
     }
-    let Session { ctx, io, peer, .. } = session;
+    let Session { ctx, io, .. } = session;
     let mut writes = ctx.write_bufs.borrow_mut();
     writes.give(io.to_client);
     writes.give(io.to_worker);
@@ -138,11 +154,12 @@ async fn burst(ctx: Rc<CoreCtx>, parked: Parked) -> Option<(Parked, Instant)> {
             canceller,
         } => {
             reads.give(buf);
+            ctx.parked.borrow_mut().give_canceller(canceller);
             let parked = Parked {
                 half,
                 writer: io.writer,
+                fd,
                 peer,
-                canceller,
                 probe,
                 probed: 0,
             };
@@ -204,5 +221,24 @@ async fn run(s: &mut Session, mut reader: Reader<'_>) -> Ended {
         if !dispatch(s, reader.as_mut()).await || draining {
             return Ended::Closed;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn future_size<A, B, F>(_: fn(A, B) -> F) -> usize {
+        std::mem::size_of::<F>()
+    }
+
+    /// A parked connection's task is its `serve_parked` future: a few hundred bytes. The
+    /// TLS handshake's state and the request loop's (kilobytes each) live elsewhere.
+    #[test]
+    fn a_parked_connections_task_is_small() {
+        let parked = future_size(serve_parked);
+        assert!(parked <= 512, "serve_parked's future is {parked} B");
+        let burst = future_size(burst);
+        assert!(burst > 4 * parked, "the burst ({burst} B) is boxed apart");
     }
 }

@@ -12,7 +12,7 @@ use crate::state::WorkerState;
 use crate::state::counters::{ModelCore, Stage, add, sub};
 
 /// One open client connection (across all cores, for `max_connections`).
-pub(super) struct Connection(Rc<CoreCtx>);
+pub(super) struct Connection(pub(super) Rc<CoreCtx>);
 
 impl Connection {
     /// Counts a connection the caller has already added to `shared.connections`.

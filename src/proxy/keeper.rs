@@ -51,6 +51,8 @@ fn trim_buffers(ctx: &CoreCtx) {
         .store(free as u64, Ordering::Relaxed);
     let mut parked = ctx.parked.borrow_mut();
     parked.expire(clock::now_ms());
+    // As many cancellers as the bursts that the kept read buffers can serve.
+    parked.trim_cancellers(reads.free_count());
     counters
         .parked_connections
         .store(parked.len() as u64, Ordering::Relaxed);

@@ -2,7 +2,7 @@
 //! connection's whole life (parked or not).
 
 use std::io::Write as _;
-use std::net::SocketAddr;
+use std::net::IpAddr;
 
 /// The client's address as `x-forwarded-for` writes it.
 pub(super) struct PeerIp {
@@ -11,10 +11,10 @@ pub(super) struct PeerIp {
 }
 
 impl PeerIp {
-    pub(super) fn new(peer: SocketAddr) -> PeerIp {
+    pub(super) fn new(ip: IpAddr) -> PeerIp {
         let mut text = [0u8; 48];
         let mut cursor = std::io::Cursor::new(&mut text[..]);
-        let _ = write!(cursor, "{}", peer.ip());
+        let _ = write!(cursor, "{ip}");
         let len = cursor.position() as usize;
         PeerIp { text, len }
     }

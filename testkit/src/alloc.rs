@@ -5,15 +5,23 @@
 //! and reads the count with [`allocations`]; [`describe_since`] names the threads and
 //! sizes of the latest ones, so a failing zero-allocation test says whose they were. A
 //! [`Watch`] also captures the call stacks of the first allocations while it runs, so a
-//! rare one names its call site.
+//! rare one names its call site. It also keeps the live heap, in bytes ([`live_bytes`])
+//! and by size ([`live_by_size`]), so a test can tell what a state holds.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::backtrace::Backtrace;
 use std::fmt::Write as _;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 
 static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+/// Bytes allocated and not yet freed.
+static LIVE_BYTES: AtomicI64 = AtomicI64::new(0);
+/// Blocks allocated and not yet freed, by exact size up to `SIZES - 1` (larger ones are
+/// counted in the last).
+const SIZES: usize = 16 * 1024 + 1;
+static LIVE_BY_SIZE: [AtomicI64; SIZES] = [const { AtomicI64::new(0) }; SIZES];
 
 /// The latest allocations, by their number modulo `RECENT`: the thread's id and the size.
 const RECENT: usize = 64;
@@ -32,6 +40,26 @@ thread_local! {
     static TID: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
     /// This thread is capturing a call stack: what that allocates is not counted.
     static CAPTURING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+/// A block of `size` bytes allocated (`sign` 1) or freed (-1).
+fn live(size: usize, sign: i64) {
+    LIVE_BYTES.fetch_add(sign * size as i64, Ordering::Relaxed);
+    LIVE_BY_SIZE[size.min(SIZES - 1)].fetch_add(sign, Ordering::Relaxed);
+}
+
+/// Heap bytes allocated and not freed so far in this process (0 unless [`CountingAlloc`]
+/// is the global allocator).
+pub fn live_bytes() -> i64 {
+    LIVE_BYTES.load(Ordering::SeqCst)
+}
+
+/// Blocks allocated and not freed, by size: element `n` counts blocks of `n` bytes (the
+/// last one, 16 KiB and more). It allocates its answer (one vector).
+pub fn live_by_size() -> Vec<i64> {
+    let mut out = Vec::with_capacity(SIZES);
+    out.extend(LIVE_BY_SIZE.iter().map(|c| c.load(Ordering::SeqCst)));
+    out
 }
 
 /// Counts one allocation and remembers who made it (without allocating, unless a
@@ -117,7 +145,8 @@ pub fn describe_since(since: u64) -> String {
     out
 }
 
-/// Forwards every call to [`System`], counting each `alloc`, `alloc_zeroed` and `realloc`.
+/// Forwards every call to [`System`], counting each `alloc`, `alloc_zeroed` and `realloc`,
+/// and keeping the live heap's bytes and sizes.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct CountingAlloc;
 
@@ -134,17 +163,20 @@ pub fn allocations() -> u64 {
 unsafe impl GlobalAlloc for CountingAlloc {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         count(layout.size());
+        live(layout.size(), 1);
         // SAFETY: our caller meets `alloc`'s contract for `layout`; it is the same for `System`.
         unsafe { System.alloc(layout) }
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        live(layout.size(), -1);
         // SAFETY: `ptr` came from this allocator, hence from `System`, with `layout`.
         unsafe { System.dealloc(ptr, layout) }
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         count(layout.size());
+        live(layout.size(), 1);
         // SAFETY: our caller meets `alloc_zeroed`'s contract for `layout`; it is the same
         // for `System`.
         unsafe { System.alloc_zeroed(layout) }
@@ -152,6 +184,8 @@ unsafe impl GlobalAlloc for CountingAlloc {
 
     unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
         count(new_size);
+        live(layout.size(), -1);
+        live(new_size, 1);
         // SAFETY: `ptr` came from this allocator, hence from `System`, with `layout`, and our
         // caller meets `realloc`'s contract for `new_size`.
         unsafe { System.realloc(ptr, layout, new_size) }
