@@ -149,6 +149,18 @@ impl Client {
         self.response()
     }
 
+    /// Sends `raw` and reads one response; `None` when the write fails or the connection
+    /// closes before a whole response head (a server still starting, or going away).
+    pub fn try_request(&mut self, raw: &[u8]) -> Option<Response> {
+        self.write_raw(raw).ok()?;
+        while !self.buf.windows(4).any(|w| w == b"\r\n\r\n") {
+            if !self.fill() {
+                return None;
+            }
+        }
+        Some(self.response())
+    }
+
     /// Reads one response.
     pub fn response(&mut self) -> Response {
         self.response_to(false)

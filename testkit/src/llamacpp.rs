@@ -236,10 +236,11 @@ impl LlamaServer {
         format!("http://{}", self.addr())
     }
 
-    /// A GET straight to the server; `None` when it cannot connect.
+    /// A GET straight to the server; `None` when it cannot connect, or closes the
+    /// connection without answering (as it may while it starts).
     pub fn try_get(&self, path: &str) -> Option<Response> {
         let mut client = Client::try_connect(self.addr()).ok()?;
-        Some(client.request(&get(path)))
+        client.try_request(&get(path))
     }
 
     /// A GET straight to the server, which must be up.
