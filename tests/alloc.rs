@@ -207,11 +207,12 @@ fn steady_state_proxying_allocates_nothing() {
 }
 
 /// Streamed answers with shedding on: every event is scanned (SSE count, usage), counted
-/// into the tracked decode blocks and timed (ITL), and written through as it came.
+/// into the tracked decode blocks and timed (ITL), and written through as it came. The
+/// request states a budget as the OpenAI SDKs do, which is read per request.
 fn streaming_with_shedding_allocates_nothing() {
     let body = r#"{"model":"m","stream":true,"messages":[{"role":"user","content":"say hi"}]}"#;
     let request = format!(
-        "POST /v1/chat/completions HTTP/1.1\r\nHost: spillway\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: spillway\r\nContent-Type: application/json\r\nX-Stainless-Timeout: 600\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     );
     // The monitor folds the tracked load every `monitor_interval_ms` and publishes a busy set

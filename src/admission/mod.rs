@@ -78,6 +78,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 pub const AT_CAPACITY: &str = "Server overloaded: worker at capacity";
 pub const QUEUE_TIMEOUT: &str =
     "Server overloaded: request rejected after exceeding the backend admission queue delay";
+/// A waiter whose client's stated budget ended (Spillway's).
+pub const DEADLINE: &str = "Server overloaded: request rejected when the time the client gave it ran out while it waited for a slot";
 
 /// Width of each count in the word; N and Q are clamped below half of it.
 const BITS: u32 = 21;

@@ -72,22 +72,9 @@ impl Classes {
 impl Validator<'_> {
     pub(super) fn classes(&self, f: &FileClasses) -> Result<Classes, ConfigError> {
         let d = Classes::default();
-        let header = match &f.header {
-            Some(h) => {
-                let name = h.get_ref().trim().to_ascii_lowercase();
-                if name.is_empty() || !name.bytes().all(is_token_byte) {
-                    return self.err(
-                        "classes.header",
-                        Some(h.span()),
-                        format!("`{}` is not a header name", h.get_ref()),
-                    );
-                }
-                name
-            }
-            None => d.header,
-        };
+        let header = self.header_name("classes.header", &f.header)?;
         Ok(Classes {
-            header,
+            header: header.unwrap_or(d.header),
             default: match &f.default {
                 Some(c) => self.class("classes.default", c)?,
                 None => d.default,
@@ -141,9 +128,4 @@ impl Validator<'_> {
             slot_share: within("slot_share", &f.slot_share, 1.0, default.slot_share)?,
         })
     }
-}
-
-/// RFC 9110 token characters (header names).
-fn is_token_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }

@@ -18,6 +18,7 @@ pub struct FileConfig {
     pub limits: FileLimits,
     pub overload_status_code: Option<Spanned<u16>>,
     pub retry_after_secs: Option<u32>,
+    pub client_budget_header: Option<Spanned<String>>,
     pub load_staleness_ms: Option<Spanned<u64>>,
     pub scrape_interval_ms: Option<Spanned<u64>>,
     pub monitor_interval_ms: Option<Spanned<u64>>,

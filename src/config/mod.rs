@@ -141,6 +141,9 @@ pub struct Config {
     pub pin_cores: bool,
     pub overload_status_code: u16,
     pub retry_after_secs: u32,
+    /// A request header of whole milliseconds in which a client states its time budget
+    /// (lowercase), beside `x-stainless-timeout`: waits for a slot end by it.
+    pub client_budget_header: Option<String>,
     pub load_staleness_ms: u64,
     pub scrape_interval_ms: u64,
     pub monitor_interval_ms: u64,

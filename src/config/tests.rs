@@ -23,6 +23,9 @@ fn minimal_defaults() {
     assert_eq!(c.workers[0].name, "127.0.0.1:8001");
     assert_eq!(c.models[0].router_mode, RouterMode::RoundRobin);
     assert!(c.cores >= 1);
+    assert_eq!(c.client_budget_header, None);
+    let c = parse(&format!("client_budget_header = \" X-Budget-Ms\"\n{MIN}")).unwrap();
+    assert_eq!(c.client_budget_header.as_deref(), Some("x-budget-ms"));
 }
 
 #[test]
@@ -35,6 +38,10 @@ fn errors_name_key_and_line() {
             "limits.max_body_bytes (line 2): must be greater than 0",
         ),
         ("listen = \"nope\"\n", "listen (line 1)"),
+        (
+            "client_budget_header = \"x budget\"\n",
+            "client_budget_header (line 1): `x budget` is not a header name",
+        ),
         (
             "[[models]]\nname = \"m\"\nrouter_mode = \"kv-cache\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",
             "models[0].router_mode (line 3): unknown router mode `kv-cache` (expected one of: round-robin, random, power-of-two, least-loaded, direct, kv)",

@@ -52,6 +52,23 @@ impl<'a> Validator<'a> {
         }
     }
 
+    /// A header name (an RFC 9110 token), lowercased.
+    pub(super) fn header_name(
+        &self,
+        key: &str,
+        v: &Option<Spanned<String>>,
+    ) -> Result<Option<String>, ConfigError> {
+        let Some(h) = v else {
+            return Ok(None);
+        };
+        let name = h.get_ref().trim().to_ascii_lowercase();
+        if name.is_empty() || !name.bytes().all(is_token_byte) {
+            let msg = format!("`{}` is not a header name", h.get_ref());
+            return self.err(key, Some(h.span()), msg);
+        }
+        Ok(Some(name))
+    }
+
     fn host_port(
         &self,
         key: &str,
@@ -79,6 +96,8 @@ impl<'a> Validator<'a> {
             pin_cores: f.pin_cores.unwrap_or(true),
             overload_status_code: self.overload_status(&f, o)?,
             retry_after_secs: f.retry_after_secs.unwrap_or(DEFAULT_RETRY_AFTER_SECS),
+            client_budget_header: self
+                .header_name("client_budget_header", &f.client_budget_header)?,
             load_staleness_ms: self.positive(
                 "load_staleness_ms",
                 &f.load_staleness_ms,
@@ -250,4 +269,9 @@ impl<'a> Validator<'a> {
             ..d
         })
     }
+}
+
+/// RFC 9110 token characters (header names).
+fn is_token_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }

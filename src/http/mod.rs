@@ -2,6 +2,7 @@
 //! buffer (nothing copied, nothing allocated), chunked framing, head rewriting and the
 //! canned responses. No I/O and no clock here; the proxy pipeline drives it.
 
+pub mod budget;
 pub mod canned;
 pub mod chunked;
 pub mod limits;

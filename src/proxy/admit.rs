@@ -1,8 +1,9 @@
 //! Stage: admission at the worker's gate (`engine_request_limit`): an engine slot now, a
 //! place in the FIFO queue (waiting while the client is watched), or a refusal that lets
-//! the request migrate.
+//! the request migrate; or, when the client's stated budget ends the wait, one that ends
+//! the request.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::error::{AttemptError, Refusal};
 use super::watch::{Interrupt, Reader, watched};
@@ -11,14 +12,42 @@ use crate::runtime::clock;
 use crate::shed::{Class, Knob, Why};
 use crate::state::Worker;
 
+/// The time a client gave its request (docs/behaviour.md §8.10): `ms` from `from`, when
+/// Spillway had its head.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Budget {
+    pub from: Instant,
+    pub ms: u64,
+}
+
+impl Budget {
+    /// When the budget ends.
+    fn end(self) -> Instant {
+        self.from + Duration::from_millis(self.ms)
+    }
+
+    /// The refusal when the budget ends a wait: the ms the request has had against its
+    /// budget.
+    fn spent(self, now: Instant) -> AttemptError {
+        let why = Why {
+            knob: Knob::Deadline,
+            value: now.saturating_duration_since(self.from).as_millis() as f64,
+            threshold: self.ms as f64,
+        };
+        AttemptError::Refused(Refusal::QueueTimeout, Some(why))
+    }
+}
+
 /// A ticket holding an engine slot of `worker` (`None`: the worker has no cap), after a
 /// wait in its queue of at most its `request_queue_timeout_ms`, or the cap `cap_ms` reads
-/// (asked only when the ticket must wait) when less. The ticket gives the slot back when
-/// dropped.
+/// (asked only when the ticket must wait) when less, or what is left of the client's
+/// `budget` when less still (then its end refuses with knob `deadline`, at once when
+/// nothing is left). The ticket gives the slot back when dropped.
 pub(super) async fn admit<'w>(
     worker: &'w Worker,
     class: Class,
     cap_ms: impl FnOnce() -> Option<u64>,
+    budget: Option<Budget>,
     reader: &mut Reader<'_>,
 ) -> Result<Option<Ticket<'w>>, AttemptError> {
     let Some(gate) = worker.gate.as_deref() else {
@@ -33,15 +62,26 @@ pub(super) async fn admit<'w>(
     }
     let configured = worker.cfg.request_queue_timeout_ms;
     let timeout_ms = cap_ms().map_or(configured, |cap| cap.min(configured));
-    let wait = Duration::from_millis(timeout_ms);
     let started = clock::now();
-    match watched(ticket.ready(), reader, clock::now() + wait).await {
+    let mut end = started + Duration::from_millis(timeout_ms);
+    let by_budget = budget.filter(|b| b.end() < end);
+    if let Some(b) = by_budget {
+        end = b.end();
+        if end <= started {
+            gate.count_refusal();
+            return Err(b.spent(started));
+        }
+    }
+    match watched(ticket.ready(), reader, end).await {
         Ok(()) => Ok(Some(ticket)),
         Err(Interrupt::ClientGone) => Err(AttemptError::ClientGone),
         // The deadline and the turn can come together: a ready ticket goes ahead.
         Err(Interrupt::Timeout | Interrupt::Abandoned) if ticket.is_ready() => Ok(Some(ticket)),
         Err(Interrupt::Timeout | Interrupt::Abandoned) => {
             gate.count_refusal();
+            if let Some(b) = by_budget {
+                return Err(b.spent(clock::now()));
+            }
             let (running, _) = gate.occupancy();
             let share = gate.class_limit(class);
             // Held back by its class's share while slots stood free: that share refused it.

@@ -4,7 +4,7 @@
 //! another worker may retry it) → relay the body → give the connection back to the pool,
 //! watched. Guards give back the slot and the tracked load on every path.
 
-use super::admit::admit;
+use super::admit::{Budget, admit};
 use super::connect::{connect_and_send, retry_fresh};
 use super::core::CoreCtx;
 use super::error::AttemptError;
@@ -40,7 +40,11 @@ pub(super) async fn attempt(
     let waited = clock::now();
     // The adaptive mode cuts queue waits short while the model is overloaded.
     let cap_ms = || ctx.busy.borrow_mut().load().queue_cap_ms(ex.req.model.id);
-    let ticket = admit(worker, ex.req.class, cap_ms, &mut ex.reader).await;
+    let budget = (ex.req.budget_ms).map(|ms| Budget {
+        from: ex.req.started,
+        ms,
+    });
+    let ticket = admit(worker, ex.req.class, cap_ms, budget, &mut ex.reader).await;
     ex.trail.queue += clock::since(waited);
     let ticket = ticket?;
     let mut sent = connect_and_send(ctx, worker, &mut ex.io.to_worker, limits).await?;

@@ -8,7 +8,7 @@
 
 use std::borrow::Cow;
 
-use crate::admission::{AT_CAPACITY, QUEUE_TIMEOUT};
+use crate::admission::{AT_CAPACITY, DEADLINE, QUEUE_TIMEOUT};
 use crate::http::HttpError;
 use crate::http::canned::{ErrorAnswer, Field, messages, write_error};
 use crate::route::peek::PeekError;
@@ -263,6 +263,7 @@ impl RequestError {
             UnknownModel => messages::MODEL_NOT_FOUND.into(),
             Overloaded(_) => messages::OVERLOADED.into(),
             DirectBusy(_) => messages::DIRECT_BUSY.into(),
+            Refused(_, Some(w)) if w.knob == Knob::Deadline => DEADLINE.into(),
             Refused(Refusal::QueueTimeout, _) => QUEUE_TIMEOUT.into(),
             Refused(..) => AT_CAPACITY.into(),
             Unavailable => messages::UNAVAILABLE.into(),

@@ -34,6 +34,9 @@ pub(super) struct Outbound<'a> {
     pub client_minor: u8,
     pub client_keep_alive: bool,
     pub started: Instant,
+    /// The client's stated budget in ms (`x-stainless-timeout`, `client_budget_header`),
+    /// counted from `started`: it bounds the request's waits for a slot.
+    pub budget_ms: Option<u64>,
 }
 
 /// What the stages of one proxied request work on, from `forward` to `relay`.

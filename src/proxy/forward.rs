@@ -367,15 +367,18 @@ fn refused(
     let limits = &req.snap.config.limits;
     // The attempt may have waited in a queue or for the worker's answer: read the clock.
     let now = clock::now_ms();
+    let knob = why.map(|w| w.knob);
     match refusal {
         Refusal::UpstreamUnavailable => worker.state.inhibit(now, limits.worker_down_backoff_ms),
-        // A class's share says nothing of the worker: other classes keep using it.
-        _ if why.is_some_and(|w| w.knob == Knob::ClassShare) => {}
+        // A class's share or a client's budget says nothing of the worker: others keep
+        // using it.
+        _ if matches!(knob, Some(Knob::ClassShare | Knob::Deadline)) => {}
         _ => worker.state.hold(now, limits.worker_refusal_hold_ms),
     }
     let migrations = tries.migrations;
     tracing::debug!(worker = %worker.cfg.name, ?refusal, migrations, "worker refused the request");
-    if !tries.may_move(req.snap, req.model) {
+    // The client's budget is spent: no other worker can serve it in time.
+    if knob == Some(Knob::Deadline) || !tries.may_move(req.snap, req.model) {
         return Some(refusal.to_client(why));
     }
     req.model.metrics.cores[ctx.id].migrated(refusal.reason());

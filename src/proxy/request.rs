@@ -17,6 +17,7 @@ use super::log::{ClosedBy, Target, Trail};
 use super::session::Session;
 use super::watch::Reader;
 use crate::config::access_log::TraceParent;
+use crate::http::budget::budget_ms;
 use crate::http::limits::{INITIAL_READ_BUF, RETAINED_BUF_MAX};
 use crate::http::trace::Inbound;
 use crate::http::trace::inbound;
@@ -126,6 +127,11 @@ pub(super) async fn proxy(s: &mut Session, mut reader: Reader<'_>, endpoint: End
         client_minor: s.head.minor_version,
         client_keep_alive: keep,
         started,
+        budget_ms: budget_ms(
+            &s.head.headers,
+            reader.buf(),
+            snap.config.client_budget_header.as_deref(),
+        ),
     };
     upstream_head(s, reader.buf(), req.body.len());
     let mut ex = Exchange {

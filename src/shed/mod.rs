@@ -98,12 +98,14 @@ pub enum Knob {
     QueueFull,
     QueueTimeout,
     ClassShare,
+    /// The client's stated budget ended its wait for a slot.
+    Deadline,
     UpstreamOverloaded,
     Unreachable,
 }
 
 impl Knob {
-    pub const ALL: [Knob; 9] = [
+    pub const ALL: [Knob; 10] = [
         Knob::DecodeBlocks,
         Knob::PrefillTokens,
         Knob::PrefillTokensFrac,
@@ -111,6 +113,7 @@ impl Knob {
         Knob::QueueFull,
         Knob::QueueTimeout,
         Knob::ClassShare,
+        Knob::Deadline,
         Knob::UpstreamOverloaded,
         Knob::Unreachable,
     ];
@@ -125,6 +128,7 @@ impl Knob {
             Knob::QueueFull => "queue_full",
             Knob::QueueTimeout => "queue_timeout",
             Knob::ClassShare => "class_share",
+            Knob::Deadline => "deadline",
             Knob::UpstreamOverloaded => "upstream_overloaded",
             Knob::Unreachable => "unreachable",
         }
@@ -140,6 +144,7 @@ impl Knob {
             Knob::QueueFull => "engine_request_limit + request_queue_limit",
             Knob::QueueTimeout => "request_queue_timeout_ms",
             Knob::ClassShare => "classes.<class>.slot_share",
+            Knob::Deadline => "the client's x-stainless-timeout or client_budget_header",
             Knob::UpstreamOverloaded => "the worker's own limits",
             Knob::Unreachable => "the model's workers (down after failed connects)",
         }
