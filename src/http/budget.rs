@@ -1,23 +1,18 @@
 //! A client's time budget for its request, as its headers state it (docs/behaviour.md
-//! §8.10): the OpenAI SDKs send their timeout in decimal seconds in `X-Stainless-Timeout`,
-//! and an operator may name a header of whole milliseconds (`client_budget_header`, as
-//! Envoy's `x-envoy-upstream-rq-timeout-ms`). A value that is not a plain number states no
-//! budget: it is ignored, never an error.
-
-use super::HeaderList;
-
-/// The OpenAI SDKs' request timeout, in seconds.
-pub const STAINLESS_TIMEOUT: &str = "x-stainless-timeout";
+//! §8.10): the OpenAI SDKs send their timeout in decimal seconds in `X-Stainless-Timeout`
+//! (the request head keeps where), and an operator may name a header of whole
+//! milliseconds (`client_budget_header`, as Envoy's `x-envoy-upstream-rq-timeout-ms`). A
+//! value that is not a plain number states no budget: it is ignored, never an error.
 
 /// Longer budgets are read as this (a year): no wait is that long, and sums stay far
 /// from overflowing.
 const MAX_MS: u64 = 365 * 24 * 3_600 * 1_000;
 
-/// The budget the request's head states, in ms: the smaller of `x-stainless-timeout`
-/// (seconds) and the `ms_header` (milliseconds, when configured), or `None`.
-pub fn budget_ms(headers: &HeaderList, buf: &[u8], ms_header: Option<&str>) -> Option<u64> {
-    let stated_secs = headers.find(buf, STAINLESS_TIMEOUT).and_then(seconds);
-    let stated_ms = ms_header.and_then(|name| headers.find(buf, name).and_then(millis));
+/// The budget a request states, in ms: the smaller of its `x-stainless-timeout` value
+/// (`secs`) and its value of the configured header of milliseconds (`ms`), or `None`.
+pub fn budget_ms(secs: Option<&[u8]>, ms: Option<&[u8]>) -> Option<u64> {
+    let stated_secs = secs.and_then(seconds);
+    let stated_ms = ms.and_then(millis);
     match (stated_secs, stated_ms) {
         (Some(a), Some(b)) => Some(a.min(b)),
         (a, b) => a.or(b),
@@ -126,7 +121,10 @@ mod tests {
             let parsed =
                 crate::http::request::parse_request(raw.as_bytes(), 8192, 1 << 20, &mut head);
             assert_eq!(parsed, Ok(true), "{raw:?}");
-            let got = budget_ms(&head.headers, raw.as_bytes(), *header);
+            let buf = raw.as_bytes();
+            let secs = head.stainless_timeout.map(|s| s.get(buf));
+            let ms = header.and_then(|name| head.headers.find(buf, name));
+            let got = budget_ms(secs, ms);
             assert_eq!(got, *want, "{lines:?} with {header:?}");
         }
     }

@@ -31,6 +31,8 @@ pub struct RequestHead {
     pub request_id: Option<Span>,
     pub worker_id: Option<Span>,
     pub authorization: Option<Span>,
+    /// The OpenAI SDKs' `x-stainless-timeout` (the client's budget, seconds).
+    pub stainless_timeout: Option<Span>,
     /// Bit i set: field i is an `X-Forwarded-For` we extend.
     pub forwarded_for: u128,
     /// A Host field was present (an HTTP/1.0 request may lack one).
@@ -54,6 +56,7 @@ impl Default for RequestHead {
             request_id: None,
             worker_id: None,
             authorization: None,
+            stainless_timeout: None,
             forwarded_for: 0,
             has_host: false,
         }
@@ -195,6 +198,8 @@ impl<'a> FieldScan<'a> {
             out.worker_id = Some(span.value);
         } else if name_is(name, "authorization") {
             out.authorization = Some(span.value);
+        } else if name_is(name, "x-stainless-timeout") {
+            out.stainless_timeout = Some(span.value);
         }
         Ok(())
     }

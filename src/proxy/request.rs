@@ -69,6 +69,14 @@ fn class_of(s: &Session, buf: &[u8], snap: &Snapshot, model: &Model) -> Class {
     header.and_then(Class::parse).unwrap_or(model.class)
 }
 
+/// The time the client gives its request, as its head states it (docs/behaviour.md §8.10).
+fn budget_of(s: &Session, buf: &[u8], snap: &Snapshot) -> Option<u64> {
+    let secs = s.head.stainless_timeout.map(|v| v.get(buf));
+    let header = snap.config.client_budget_header.as_deref();
+    let ms = header.and_then(|name| s.head.headers.find(buf, name));
+    budget_ms(secs, ms)
+}
+
 /// The upstream request's head, into the reused `to_worker` buffer, with trace context.
 fn upstream_head(s: &mut Session, buf: &[u8], body_len: usize) {
     let create = trace_context(s, buf);
@@ -127,11 +135,7 @@ pub(super) async fn proxy(s: &mut Session, mut reader: Reader<'_>, endpoint: End
         client_minor: s.head.minor_version,
         client_keep_alive: keep,
         started,
-        budget_ms: budget_ms(
-            &s.head.headers,
-            reader.buf(),
-            snap.config.client_budget_header.as_deref(),
-        ),
+        budget_ms: budget_of(s, reader.buf(), &snap),
     };
     upstream_head(s, reader.buf(), req.body.len());
     let mut ex = Exchange {
