@@ -179,3 +179,62 @@ fn a_spent_budget_does_not_migrate() {
     assert_eq!(first.join().unwrap().status, 200);
     assert_eq!(second.join().unwrap().status, 200);
 }
+
+/// Behind a queue that moves at a measured pace, a request whose turn is predicted past
+/// its budget is refused at once, not when its budget ends; one whose budget covers the
+/// predicted wait waits its turn.
+#[test]
+fn a_turn_predicted_past_the_budget_is_refused_at_once() {
+    let slow = upstream(|_| {
+        std::thread::sleep(Duration::from_millis(150));
+        Reply::Raw(json_response(200, r#"{"ok":true}"#))
+    });
+    let p = proxy(
+        1,
+        &format!(
+            "[[models]]\nname = \"m\"\n[[models.workers]]\nurl = \"{}\"\nname = \"w\"\n\
+             engine_request_limit = 1\nrequest_queue_limit = 32\nrequest_queue_timeout_ms = 20000\n",
+            slow.url()
+        ),
+    );
+    let queued: Vec<_> = (0..20)
+        .map(|i| spawn_request(p.data_addr, request(&format!("q{i}"), "")))
+        .collect();
+    // Slots come back every 150 ms while requests wait; the monitor measures that pace.
+    eventually("a queue", Duration::from_secs(5), || {
+        gauge(&p, "dynamo_request_queue{worker=\"w\"}") >= 12.0
+    });
+    std::thread::sleep(Duration::from_millis(700));
+    let waiting = gauge(&p, "dynamo_request_queue{worker=\"w\"}");
+    assert!(
+        waiting >= 6.0,
+        "the queue drained too fast to test: {waiting}"
+    );
+    // About 6+ places at ~6.7 a second: a turn about a second away, or more.
+    let started = Instant::now();
+    let r = once(
+        p.data_addr,
+        &request("late", "x-stainless-timeout: 0.6\r\n"),
+    );
+    let waited = started.elapsed();
+    eprintln!("refused after {waited:?} ({waiting} waiting)");
+    assert_eq!(r.status, 529, "{}", r.text());
+    let v = r.json();
+    assert_eq!(v["knob"], "deadline", "{v}");
+    assert!(
+        waited < Duration::from_millis(450),
+        "refused after {waited:?}, not at once"
+    );
+    // Its predicted turn, past the budget.
+    assert!(v["value"].as_f64().unwrap() > 600.0, "{v}");
+    assert_eq!(v["threshold"].as_f64(), Some(600.0), "{v}");
+    // A budget that covers the predicted wait: the request waits its turn.
+    let r = once(
+        p.data_addr,
+        &request("patient", "x-stainless-timeout: 15\r\n"),
+    );
+    assert_eq!(r.status, 200, "{}", r.text());
+    for q in queued {
+        assert_eq!(q.join().unwrap().status, 200);
+    }
+}

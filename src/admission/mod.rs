@@ -155,6 +155,12 @@ pub struct Gate {
     places: Box<[Place]>,
     arrivals: AtomicU64,
     rejected: AtomicU64,
+    /// Slots given back so far, and the rate at which they were given back while
+    /// requests waited (per 1,000 s; 0: not measured), as the monitor last measured it
+    /// (`monitor/release.rs`): statistics for a waiter's predicted wait, outside the
+    /// gate's invariants (plain atomics, not modelled by loom).
+    released: std::sync::atomic::AtomicU64,
+    release_rate_milli: std::sync::atomic::AtomicU64,
 }
 
 impl Gate {
@@ -182,6 +188,8 @@ impl Gate {
                 .collect(),
             arrivals: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
+            released: std::sync::atomic::AtomicU64::new(0),
+            release_rate_milli: std::sync::atomic::AtomicU64::new(0),
         }
     }
 
@@ -339,6 +347,8 @@ impl Gate {
 
     /// Gives back the slot of a ticket that holds one.
     fn release(&self) {
+        self.released
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let before = self.word.fetch_sub(R1, Ordering::AcqRel);
         if counts(before).0 > 0 {
             self.dispatch();
@@ -365,6 +375,31 @@ impl Gate {
     pub fn rejected(&self) -> u64 {
         self.rejected.load(Ordering::Relaxed)
     }
+
+    /// Slots given back so far (the monitor measures their rate).
+    pub fn released(&self) -> u64 {
+        self.released.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Publishes the measured rate at which slots come back while requests wait, per
+    /// second (0: unknown).
+    pub fn set_release_rate(&self, per_sec: f64) {
+        let milli = (per_sec * 1_000.0).round().clamp(0.0, u64::MAX as f64) as u64;
+        (self.release_rate_milli).store(milli, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// How long the waiter at 1-based `position` in the queue may expect to wait, in ms,
+    /// at the published release rate; `None` while that rate is unknown.
+    pub fn predicted_wait_ms(&self, position: u64) -> Option<u64> {
+        let milli = (self.release_rate_milli).load(std::sync::atomic::Ordering::Relaxed);
+        predicted_wait_ms(position, milli)
+    }
+}
+
+/// The wait of the waiter at 1-based `position` when slots come back `milli` times per
+/// 1,000 s: `position` releases; `None` when the rate is 0 (unknown).
+pub fn predicted_wait_ms(position: u64, milli: u64) -> Option<u64> {
+    (milli > 0).then(|| position.saturating_mul(1_000_000) / milli)
 }
 
 /// A queued ticket's place and its WAITING state (arrival number included).

@@ -217,6 +217,7 @@ impl Control {
         let now = clock::now_ms();
         self.monitor.refresh_tracked(&snap, now);
         self.monitor.refresh_beyond_slots(&snap);
+        self.monitor.measure_releases(&snap, now);
         self.monitor.adaptivity.step(&snap, now);
         (snap, now)
     }

@@ -15,6 +15,7 @@ mod generation;
 pub mod health;
 pub mod load;
 pub mod peers;
+mod release;
 mod report;
 pub mod scrape;
 pub mod tasks;
@@ -60,6 +61,8 @@ pub struct Monitor {
     pub peers: peers::PeerLoads,
     /// Worker health: outlier ejection and check results.
     pub health: health::HealthTable,
+    /// How fast each capped worker's slots come back while requests wait.
+    release_rates: release::ReleaseRates,
 }
 
 fn file_thresholds(snap: &Snapshot) -> HashMap<String, Thresholds> {
@@ -87,7 +90,14 @@ impl Monitor {
             tracked: (0, Vec::new()),
             peers: peers::PeerLoads::default(),
             health: health::HealthTable::default(),
+            release_rates: release::ReleaseRates::default(),
         }
+    }
+
+    /// Measures how fast each capped worker's slots come back while requests wait, and
+    /// publishes it to its gate (waiters' predicted waits).
+    pub fn measure_releases(&mut self, snap: &Snapshot, now: u64) {
+        self.release_rates.observe(snap, now);
     }
 
     /// Carries state into a new config generation: thresholds set through the API survive

@@ -26,12 +26,12 @@ impl Budget {
         self.from + Duration::from_millis(self.ms)
     }
 
-    /// The refusal when the budget ends a wait: the ms the request has had against its
-    /// budget.
-    fn spent(self, now: Instant) -> AttemptError {
+    /// The refusal when the budget ends a wait at `at` (now, or when the wait is
+    /// predicted to end): the ms the request has had by then against its budget.
+    fn spent(self, at: Instant) -> AttemptError {
         let why = Why {
             knob: Knob::Deadline,
-            value: now.saturating_duration_since(self.from).as_millis() as f64,
+            value: at.saturating_duration_since(self.from).as_millis() as f64,
             threshold: self.ms as f64,
         };
         AttemptError::Refused(Refusal::QueueTimeout, Some(why))
@@ -41,8 +41,9 @@ impl Budget {
 /// A ticket holding an engine slot of `worker` (`None`: the worker has no cap), after a
 /// wait in its queue of at most its `request_queue_timeout_ms`, or the cap `cap_ms` reads
 /// (asked only when the ticket must wait) when less, or what is left of the client's
-/// `budget` when less still (then its end refuses with knob `deadline`, at once when
-/// nothing is left). The ticket gives the slot back when dropped.
+/// `budget` when less still (then its end refuses with knob `deadline`; at once when
+/// nothing is left or the ticket's turn is predicted past it). The ticket gives the slot
+/// back when dropped.
 pub(super) async fn admit<'w>(
     worker: &'w Worker,
     class: Class,
@@ -67,9 +68,13 @@ pub(super) async fn admit<'w>(
     let by_budget = budget.filter(|b| b.end() < end);
     if let Some(b) = by_budget {
         end = b.end();
-        if end <= started {
+        // Nothing left, or its turn predicted past it: refused now rather than at its end.
+        let (_, position) = gate.occupancy();
+        let predicted = gate.predicted_wait_ms(position).map(Duration::from_millis);
+        let turn = predicted.map_or(started, |wait| started + wait);
+        if end <= turn {
             gate.count_refusal();
-            return Err(b.spent(started));
+            return Err(b.spent(turn));
         }
     }
     match watched(ticket.ready(), reader, end).await {
