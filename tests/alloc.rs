@@ -55,8 +55,8 @@ fn read_message(s: &mut TcpStream, buf: &mut [u8]) -> Option<usize> {
     }
 }
 
-/// A fake worker on port 0 that answers every request with `RESPONSE`.
-fn worker() -> String {
+/// A fake worker on port 0 that reads each request whole and `answer`s it.
+fn fake_worker(answer: fn(&mut TcpStream) -> std::io::Result<()>) -> String {
     let worker = TcpListener::bind("127.0.0.1:0").unwrap();
     let worker_url = format!("http://{}", worker.local_addr().unwrap());
     std::thread::spawn(move || {
@@ -66,7 +66,7 @@ fn worker() -> String {
                 let _ = s.set_nodelay(true);
                 let mut buf = [0u8; 16384];
                 while read_message(&mut s, &mut buf).is_some() {
-                    if s.write_all(RESPONSE).is_err() {
+                    if answer(&mut s).is_err() {
                         return;
                     }
                 }
@@ -76,26 +76,15 @@ fn worker() -> String {
     worker_url
 }
 
-/// A fake worker on port 0 that streams every answer: a chunked `text/event-stream` of
-/// `EVENTS` token events, a usage event and `[DONE]`, each written on its own.
+/// A fake worker that answers every request with `RESPONSE`.
+fn worker() -> String {
+    fake_worker(|s| s.write_all(RESPONSE))
+}
+
+/// A fake worker that streams every answer: a chunked `text/event-stream` of `EVENTS`
+/// token events, a usage event and `[DONE]`, each written on its own.
 fn stream_worker() -> String {
-    let worker = TcpListener::bind("127.0.0.1:0").unwrap();
-    let worker_url = format!("http://{}", worker.local_addr().unwrap());
-    std::thread::spawn(move || {
-        for s in worker.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut s = s;
-                let _ = s.set_nodelay(true);
-                let mut buf = [0u8; 16384];
-                while read_message(&mut s, &mut buf).is_some() {
-                    if write_stream(&mut s).is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    worker_url
+    fake_worker(write_stream)
 }
 
 const EVENTS: usize = 16;
