@@ -72,7 +72,8 @@ pub(super) async fn admit<'w>(
         let (_, position) = gate.occupancy();
         let predicted = gate.predicted_wait_ms(position).map(Duration::from_millis);
         let turn = predicted.map_or(started, |wait| started + wait);
-        if end <= turn {
+        // A grant that came meanwhile wins: the ticket holds a slot.
+        if end <= turn && !ticket.is_ready() {
             gate.count_refusal();
             return Err(b.spent(turn));
         }
