@@ -246,9 +246,11 @@ EOF
 # The proxies under test as keep-alive reverse proxies to the origin on 127.0.0.1:ORIGIN, one
 # core each on CPU (bench/proxy, bench/tls). Each prints its configuration.
 
-# spillway_proxy_toml CPU PORT ADMIN_PORT ORIGIN [EXTRA]: EXTRA is appended (a [tls] table).
+# spillway_proxy_toml CPU PORT ADMIN_PORT ORIGIN [EXTRA [MODEL_EXTRA [WORKER_EXTRA]]]: EXTRA
+# is appended (a [tls] table); MODEL_EXTRA and WORKER_EXTRA are lines of the model's and
+# the worker's tables (thresholds, admission).
 spillway_proxy_toml() {
-  local cpu=$1 port=$2 admin=$3 origin=$4 extra=${5:-}
+  local cpu=$1 port=$2 admin=$3 origin=$4 extra=${5:-} model_extra=${6:-} worker_extra=${7:-}
   cat <<EOF
 listen = "127.0.0.1:$port"
 admin_listen = "127.0.0.1:$admin"
@@ -258,10 +260,12 @@ monitor_cpu = $cpu
 
 [[models]]
 name = "bench-model"
+$model_extra
 
 [[models.workers]]
 url = "http://127.0.0.1:$origin"
 name = "origin"
+$worker_extra
 EOF
   [[ -z $extra ]] || printf '\n%s\n' "$extra"
 }

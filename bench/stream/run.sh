@@ -74,24 +74,7 @@ request_queue_limit = 16' ;;
     spillway-log) top="[access_log]
 path = \"$T/$name-access.log\"" ;;
   esac
-  cat <<EOF
-listen = "127.0.0.1:$2"
-admin_listen = "127.0.0.1:$3"
-cores = 1
-cpus = [$PROXY_CPU]
-monitor_cpu = $PROXY_CPU
-
-[[models]]
-name = "bench-model"
-$model_extra
-
-[[models.workers]]
-url = "http://127.0.0.1:$4"
-name = "origin"
-$worker_extra
-
-$top
-EOF
+  spillway_proxy_toml "$PROXY_CPU" "$2" "$3" "$4" "$top" "$model_extra" "$worker_extra"
 }
 
 # start_scenario FINGERPRINT: the engine and every proxy, fresh; sets PORT_* and PIDS_*.
