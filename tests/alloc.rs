@@ -357,8 +357,69 @@ fn access_log_allocates_nothing() {
     assert!(lines > 0, "no line reached the log");
 }
 
+/// A model with a waiting room and one slot, two clients at once: most requests find the
+/// slot taken and wait in the room, are notified when it comes back and bind to it.
+fn waiting_room_allocates_nothing() {
+    let url = worker();
+    let toml = format!(
+        "{}\n[limits]\nbuffer_release_ms = 600000\n",
+        model(
+            "m",
+            "waiting_room_size = 8\nwaiting_room_timeout_ms = 60000",
+            &[url]
+        )
+        .replace(
+            "\n[[models.workers]]\n",
+            "\n[[models.workers]]\nengine_request_limit = 1\n"
+        )
+    );
+    assert!(toml.contains("engine_request_limit = 1"), "{toml}");
+    let p = proxy(1, &toml);
+    let start = std::sync::Arc::new(std::sync::Barrier::new(3));
+    let done = std::sync::Arc::new(std::sync::Barrier::new(3));
+    let clients: Vec<_> = (0..2)
+        .map(|_| {
+            let (start, done) = (start.clone(), done.clone());
+            let addr = p.data_addr;
+            std::thread::spawn(move || {
+                let mut client = TcpStream::connect(addr).unwrap();
+                client.set_nodelay(true).unwrap();
+                let mut buf = [0u8; 4096];
+                let mut round = || {
+                    client.write_all(REQUEST).unwrap();
+                    let n = read_message(&mut client, &mut buf).unwrap();
+                    assert!(buf[..n].starts_with(b"HTTP/1.1 200 OK\r\n"));
+                };
+                (0..500).for_each(|_| round());
+                start.wait();
+                (0..2_500).for_each(|_| round());
+                done.wait();
+            })
+        })
+        .collect();
+    start.wait();
+    let entered = || {
+        let m = spillway_testkit::metrics(p.admin_addr);
+        spillway_testkit::metric_value(&m, "spillway_waiting_room_entered_total{model=\"m\"}")
+            .unwrap_or(0.0)
+    };
+    let watch = Watch::start();
+    done.wait();
+    let (n, whose) = watch.stop();
+    let waited = entered();
+    for c in clients {
+        c.join().unwrap();
+    }
+    eprintln!("{waited} of 6,000 requests waited in the room");
+    assert!(waited >= 100.0, "only {waited} requests waited in the room");
+    assert_eq!(
+        n, 0,
+        "{n} heap allocations over 5,000 requests, {waited} of them through the room: {whose}"
+    );
+}
+
 fn main() {
-    let checks: [(&str, fn()); 5] = [
+    let checks: [(&str, fn()); 6] = [
         (
             "steady_state_proxying_allocates_nothing",
             steady_state_proxying_allocates_nothing,
@@ -373,6 +434,10 @@ fn main() {
             steady_state_over_tls_allocates_nothing,
         ),
         ("access_log_allocates_nothing", access_log_allocates_nothing),
+        (
+            "waiting_room_allocates_nothing",
+            waiting_room_allocates_nothing,
+        ),
     ];
     // Harness flags (`--nocapture`, `--test-threads`, ...) are accepted and ignored; any
     // other argument keeps only the checks whose name contains it.

@@ -54,9 +54,48 @@ def result_cells(name, load, r):
 SETUP_NAMES = {
     "shed": "Spillway, shedding on",
     "adaptive": "Spillway, adaptive mode",
+    "room": "Spillway, adaptive + waiting room",
     "noshed": "Spillway, shedding off",
     "haproxy": "HAProxy maxconn + queue",
 }
+
+
+def room_section(by, loads, setups):
+    """Issue 31's targets for the waiting-room setup against HAProxy in the same run: goodput
+    at least HAProxy's at every load, TTFT p99 at 1×C at most HAProxy's, TTFT p99 at the
+    highest load at most 1.2× its lowest-load value."""
+    if "room" not in setups or "haproxy" not in setups:
+        return []
+    md = ["## Waiting room against HAProxy (issue 31)", "",
+          "| load | goodput room | goodput HAProxy | goodput holds | TTFT p99 room ms | TTFT p99 HAProxy ms |",
+          "|---|---|---|---|---|---|"]
+    held = []
+    for k in loads:
+        r, h = by.get(("room", k)), by.get(("haproxy", k))
+        if not (r and h):
+            continue
+        ok = r["goodput_rps"] >= h["goodput_rps"]
+        held.append(ok)
+        md.append(f"| {k:g}×C | {r['goodput_rps']:.1f} | {h['goodput_rps']:.1f} | "
+                  f"{'yes' if ok else 'no'} | {ms(r['ttft_p99'], r['ttft_bound'])} | "
+                  f"{ms(h['ttft_p99'], h['ttft_bound'])} |")
+    md.append("")
+    lo, hi = min(loads), max(loads)
+    r1, h1 = by.get(("room", 1.0)) or by.get(("room", 1)), by.get(("haproxy", 1.0)) or by.get(("haproxy", 1))
+    rlo, rhi = by.get(("room", lo)), by.get(("room", hi))
+    if held:
+        md.append(f"- Goodput at least HAProxy's at every load: **{'holds' if all(held) else 'does not hold'}** "
+                  f"({sum(held)} of {len(held)} loads).")
+    if r1 and h1 and r1["ttft_p99"] and h1["ttft_p99"]:
+        ok = r1["ttft_p99"] <= h1["ttft_p99"]
+        md.append(f"- TTFT p99 at 1×C: {ms(r1['ttft_p99'])} ms against HAProxy's {ms(h1['ttft_p99'])} ms: "
+                  f"**{'holds' if ok else 'does not hold'}**.")
+    if rlo and rhi and rlo["ttft_p99"] and rhi["ttft_p99"]:
+        ratio = rhi["ttft_p99"] / rlo["ttft_p99"]
+        md.append(f"- TTFT p99 at {hi:g}×C ÷ {lo:g}×C: **{ratio:.2f}×** (target ≤ 1.2×): "
+                  f"**{'holds' if ratio <= 1.2 and not rhi['ttft_bound'] else 'does not hold'}**.")
+    md.append("")
+    return md
 
 
 def near_capacity_section(by, loads, setups):
@@ -227,6 +266,7 @@ def report(a):
     md.append("")
     md += near_capacity_section(by, loads, setups)
 
+    md += room_section(by, loads, setups)
     md += why_section(a, c_per_engine, "adaptive" in setups)
 
     # Configurations.
@@ -237,6 +277,9 @@ def report(a):
         if a.adaptive_worker_knobs:
             knobs += f" and `{a.adaptive_worker_knobs}` in each worker"
         md += [f"Spillway, adaptive mode: the same file with {knobs}.", ""]
+    if "room" in setups and a.room_knobs:
+        md += [f"Spillway, adaptive + waiting room: the adaptive mode's model keys with "
+               f"`{a.room_knobs}` in the model (its requests never queue at a worker).", ""]
     if "noshed" in setups:
         md += ["Spillway, shedding off: the same file without `monitor_interval_ms`, the two "
                "thresholds, `load_sources`, `engine_request_limit`, `request_queue_limit` and "
@@ -339,7 +382,7 @@ def plot_classes(a, rows, setups, loads):
             if c not in classes:
                 classes.append(c)
     colors = {"critical": "tab:red", "standard": "tab:blue", "sheddable": "tab:grey"}
-    dashes = {"shed": "-", "adaptive": "-.", "noshed": ":", "haproxy": "--"}
+    dashes = {"shed": "-", "adaptive": "-.", "room": "-", "noshed": ":", "haproxy": "--"}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
     for s in setups:
         for i, c in enumerate(classes):
@@ -441,7 +484,7 @@ def plot(a, rows, setups, loads, c_model, cap_tps):
     plt = plots.pyplot()
     by = {(r["setup"], r["load"]): r for r in rows}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
-    style = {"shed": ("tab:green", "o"), "adaptive": ("tab:purple", "D"),
+    style = {"shed": ("tab:green", "o"), "adaptive": ("tab:purple", "D"), "room": ("tab:orange", "P"),
              "noshed": ("tab:red", "s"), "haproxy": ("tab:blue", "^")}
     for s in setups:
         color, marker = style[s]
@@ -883,6 +926,7 @@ def main():
     r.add_argument("--haproxy-config", required=True)
     r.add_argument("--adaptive-knobs", default="")
     r.add_argument("--adaptive-worker-knobs", default="")
+    r.add_argument("--room-knobs", default="")
     r.add_argument("--clk-tck", type=float, default=100)
     r.add_argument("--shed-knobs", default="")
     r.add_argument("--classes", action="store_true",

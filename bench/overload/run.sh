@@ -13,6 +13,9 @@
 #            (engine_request_limit N, request_queue_limit Q, request_queue_timeout_ms)
 #   adaptive the shed setup in adaptive mode: the same thresholds, scaled per worker to hold
 #            the admitted requests' mean TTFT at ADAPTIVE_TTFT_MS (bounds ADAPTIVE_MIN/MAX)
+#   room     the adaptive setup with a waiting room per model instead of worker queues: a
+#            request that finds both workers' N slots full waits for the first slot either
+#            frees (ROOM_SIZE places, ROOM_TIMEOUT_MS; docs/behaviour.md §8.12)
 #   noshed   Spillway with no thresholds and no engine limits
 #   haproxy  HAProxy, maxconn N per server, queue bounded by `timeout queue` (503)
 # Runs are interleaved (for each load: shed, noshed, haproxy); every run starts fresh
@@ -21,6 +24,7 @@
 # Knobs (environment, defaults below): LOADS DURATION WARMUP DRAIN PROMPT_BYTES MAX_TOKENS
 # SHED_N SHED_Q SHED_QTIMEOUT_MS SHED_PREFILL SHED_DECODE PUSH_MS MONITOR_MS HAPROXY_N HAPROXY_QTIMEOUT_MS
 # ADAPTIVE_TTFT_MS ADAPTIVE_MIN ADAPTIVE_MAX ADAPTIVE_Q ADAPTIVE_QTIMEOUT_MS (setup adaptive)
+# ROOM_SIZE ROOM_TIMEOUT_MS (setup room)
 # SETUPS RESULT_NAME NOTE MAX_SECONDS (watchdog, after installs) BENCH_NICE KEEP_RAW=1 (keep raw data in bench/work).
 # ROUTER_MODE (default least-loaded): the router_mode of every Spillway setup's model, e.g.
 #   ROUTER_MODE=kv RESULT_NAME=overload-kv bench/overload/run.sh
@@ -71,6 +75,9 @@ ADAPTIVE_MAX=${ADAPTIVE_MAX:-4}
 # migration).
 ADAPTIVE_Q=${ADAPTIVE_Q:-16}
 ADAPTIVE_QTIMEOUT_MS=${ADAPTIVE_QTIMEOUT_MS:-$HAPROXY_QTIMEOUT_MS}
+# The room setup's waiting room: HAProxy's queue wait, over both workers at once.
+ROOM_SIZE=${ROOM_SIZE:-64}
+ROOM_TIMEOUT_MS=${ROOM_TIMEOUT_MS:-$HAPROXY_QTIMEOUT_MS}
 CLASS_MIX=${CLASS_MIX:-}                 # NAME:WEIGHT,...; empty: requests carry no class
 CLASS_HEADER=${CLASS_HEADER:-x-spillway-class}
 SHED_EXTRA_TOP=${SHED_EXTRA_TOP:-}       # appended to the shed config's top level
@@ -118,9 +125,9 @@ start_engines() { # [push]
 }
 stop_engines() { stop_pid "$PID_E1"; stop_pid "$PID_E2"; }
 
-spillway_config() { # shed|adaptive|noshed
+spillway_config() { # shed|adaptive|room|noshed
   local shed=$1
-  [[ $1 == adaptive ]] && shed=shed
+  [[ $1 == adaptive || $1 == room ]] && shed=shed
   cat <<EOF
 listen = "127.0.0.1:$P_PROXY"
 admin_listen = "127.0.0.1:$P_ADMIN"
@@ -143,7 +150,11 @@ EOF
     if [[ -n $SHED_DECODE ]]; then echo "active_decode_blocks_threshold = $SHED_DECODE"; fi
     if [[ -n $SHED_EXTRA_TOML ]]; then printf '%s\n' "$SHED_EXTRA_TOML"; fi
   fi
-  if [[ $1 == adaptive ]]; then
+  if [[ $1 == room ]]; then
+    echo "waiting_room_size = $ROOM_SIZE"
+    echo "waiting_room_timeout_ms = $ROOM_TIMEOUT_MS"
+  fi
+  if [[ $1 == adaptive || $1 == room ]]; then
     echo "adaptive_ttft_ms = $ADAPTIVE_TTFT_MS"
     echo "adaptive_min_scale = $ADAPTIVE_MIN"
     echo "adaptive_max_scale = $ADAPTIVE_MAX"
@@ -201,7 +212,7 @@ PROXY_PID=""
 start_proxy() { # setup
   port_unused "$P_PROXY"
   case $1 in
-    shed | adaptive | noshed)
+    shed | adaptive | room | noshed)
       spillway_config "$1" >"$T/spillway-$1.toml"
       "$SPILLWAY" check-config "$T/spillway-$1.toml" >/dev/null 2>"$T/check.err" \
         || { cat "$T/check.err" >&2; die "spillway config invalid"; }
@@ -240,7 +251,7 @@ for k in $LOADS; do
   for setup in $SETUPS; do
     log "load ${k}×C = $rate req/s: $setup"
     tag="$setup-$k"
-    if [[ $setup == shed || $setup == adaptive ]]; then start_engines push; else start_engines; fi
+    if [[ $setup == shed || $setup == adaptive || $setup == room ]]; then start_engines push; else start_engines; fi
     start_proxy "$setup" "$k"
     c0=$(cpu_ticks "$PROXY_PID")
     # The engines' backlog when arrivals stop: what a new request would queue behind.
@@ -298,6 +309,7 @@ cp "$T/spillway-shed.toml" "$T/shed.toml" 2>/dev/null || true
   --shed-config "$T/spillway-shed.toml" --haproxy-config "$T/haproxy.cfg" \
   --adaptive-knobs "adaptive_ttft_ms = $ADAPTIVE_TTFT_MS, adaptive_min_scale = $ADAPTIVE_MIN, adaptive_max_scale = $ADAPTIVE_MAX" \
   --adaptive-worker-knobs "request_queue_limit = $ADAPTIVE_Q, request_queue_timeout_ms = $ADAPTIVE_QTIMEOUT_MS" \
+  --room-knobs "waiting_room_size = $ROOM_SIZE, waiting_room_timeout_ms = $ROOM_TIMEOUT_MS" \
   --clk-tck "$(getconf CLK_TCK)" ${CLASS_MIX:+--classes} \
   --shed-knobs "N=$SHED_N Q=$SHED_Q QT=$SHED_QTIMEOUT_MS PREFILL=$SHED_PREFILL DECODE=$SHED_DECODE PUSH=$PUSH_MS MONITOR=$MONITOR_MS HAPROXY_QT=$HAPROXY_QTIMEOUT_MS" \
   --out-md "$RESULTS_DIR/$RESULT_NAME.md" --out-png "$RESULTS_DIR/$RESULT_NAME.png" \

@@ -53,8 +53,11 @@
 //! when fewer slots are held than that waiter's limit (a release or another give-back came
 //! meanwhile), it dispatches again, so no waiter is left behind a slot it may take.
 
+mod room;
 #[cfg(all(test, not(loom)))]
 mod tests;
+
+pub use room::{Notified, ROOM_FULL, ROOM_TIMEOUT, Room, Waiter};
 
 use std::future::Future;
 use std::pin::Pin;
@@ -156,11 +159,10 @@ pub struct Gate {
     arrivals: AtomicU64,
     rejected: AtomicU64,
     /// Slots given back so far, and the rate at which they were given back while
-    /// requests waited (per 1,000 s; 0: not measured), as the monitor last measured it
-    /// (`monitor/release.rs`): statistics for a waiter's predicted wait, outside the
-    /// gate's invariants (plain atomics, not modelled by loom).
+    /// requests waited: statistics for a waiter's predicted wait, outside the gate's
+    /// invariants (plain atomics, not modelled by loom).
     released: std::sync::atomic::AtomicU64,
-    release_rate_milli: std::sync::atomic::AtomicU64,
+    pace: Pace,
 }
 
 impl Gate {
@@ -189,7 +191,7 @@ impl Gate {
             arrivals: AtomicU64::new(0),
             rejected: AtomicU64::new(0),
             released: std::sync::atomic::AtomicU64::new(0),
-            release_rate_milli: std::sync::atomic::AtomicU64::new(0),
+            pace: Pace::default(),
         }
     }
 
@@ -237,21 +239,43 @@ impl Gate {
         Some(Ticket { gate: self, place })
     }
 
+    /// A slot now, or `None` without queueing (a waiting room's look at this gate,
+    /// `room.rs`). The word is written even when nothing is taken: that read-modify-write
+    /// orders the look before the next release, which then finds the room's waiter.
+    pub fn try_take(&self, class: Class) -> Option<Ticket<'_>> {
+        let n = u64::from(self.class_limits[class.index()]);
+        let free = |w: u64| {
+            let (l, r, _) = counts(w);
+            l == 0 && r < n
+        };
+        let before = self
+            .word
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                Some(if free(w) { w + R1 } else { w })
+            })
+            .unwrap_or_else(|w| w);
+        // Built only when taken: a ticket dropped gives a slot back.
+        free(before).then(|| Ticket {
+            gate: self,
+            place: None,
+        })
+    }
+
+    /// Whether a request of `class` would take a slot now ([`Gate::try_take`] without
+    /// taking it), by a read-modify-write of the word for the same reason.
+    pub fn look(&self, class: Class) -> bool {
+        let n = u64::from(self.class_limits[class.index()]);
+        let before = (self.word)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, Some)
+            .unwrap_or_else(|w| w);
+        let (l, r, _) = counts(before);
+        l == 0 && r < n
+    }
+
     /// Claims a FREE place for a ticket already counted in `l`. One is always free: places
     /// in use never exceed the other tickets counted.
     fn claim(&self, class: Class) -> Waiting {
-        let arrival = self.arrivals.fetch_add(1, Ordering::Relaxed) & ARRIVAL_MASK;
-        let state = arrival << ARRIVAL_SHIFT | (class.index() as u64) << 2 | WAITING;
-        let mut i = (arrival % self.places.len() as u64) as usize;
-        loop {
-            let s = &self.places[i].state;
-            if s.compare_exchange(FREE, state, Ordering::AcqRel, Ordering::Relaxed)
-                .is_ok()
-            {
-                return Waiting { index: i, state };
-            }
-            i = (i + 1) % self.places.len();
-        }
+        claim(&self.places, &self.arrivals, class)
     }
 
     /// Hands free slots to the oldest waiters while there are both (see the module doc).
@@ -381,17 +405,33 @@ impl Gate {
         self.released.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Publishes the measured rate at which slots come back while requests wait, per
-    /// second (0: unknown).
-    pub fn set_release_rate(&self, per_sec: f64) {
+    /// The rate at which its slots come back while requests wait.
+    pub fn pace(&self) -> &Pace {
+        &self.pace
+    }
+}
+
+/// The rate at which slots come back while requests wait (per 1,000 s; 0: not measured),
+/// as the monitor last measured it (`monitor/release.rs`): a waiter's predicted wait.
+#[derive(Debug, Default)]
+pub struct Pace(std::sync::atomic::AtomicU64);
+
+impl Pace {
+    /// Publishes a measured rate, per second (0: unknown).
+    pub fn set(&self, per_sec: f64) {
         let milli = (per_sec * 1_000.0).round().clamp(0.0, u64::MAX as f64) as u64;
-        (self.release_rate_milli).store(milli, std::sync::atomic::Ordering::Relaxed);
+        self.0.store(milli, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// How long the waiter at 1-based `position` in the queue may expect to wait, in ms,
-    /// at the published release rate; `None` while that rate is unknown.
+    /// The published rate, per second (0: unknown).
+    pub fn per_sec(&self) -> f64 {
+        self.0.load(std::sync::atomic::Ordering::Relaxed) as f64 / 1_000.0
+    }
+
+    /// How long the waiter at 1-based `position` in line may expect to wait, in ms, at
+    /// the published rate; `None` while that rate is unknown.
     pub fn predicted_wait_ms(&self, position: u64) -> Option<u64> {
-        let milli = (self.release_rate_milli).load(std::sync::atomic::Ordering::Relaxed);
+        let milli = self.0.load(std::sync::atomic::Ordering::Relaxed);
         predicted_wait_ms(position, milli)
     }
 }
@@ -400,6 +440,23 @@ impl Gate {
 /// 1,000 s: `position` releases; `None` when the rate is 0 (unknown).
 pub fn predicted_wait_ms(position: u64, milli: u64) -> Option<u64> {
     (milli > 0).then(|| position.saturating_mul(1_000_000) / milli)
+}
+
+/// Claims a FREE place among `places` for one already counted, with the next arrival
+/// number: one is always free when places in use never exceed those counted.
+fn claim(places: &[Place], arrivals: &AtomicU64, class: Class) -> Waiting {
+    let arrival = arrivals.fetch_add(1, Ordering::Relaxed) & ARRIVAL_MASK;
+    let state = arrival << ARRIVAL_SHIFT | (class.index() as u64) << 2 | WAITING;
+    let mut i = (arrival % places.len() as u64) as usize;
+    loop {
+        let s = &places[i].state;
+        if s.compare_exchange(FREE, state, Ordering::AcqRel, Ordering::Relaxed)
+            .is_ok()
+        {
+            return Waiting { index: i, state };
+        }
+        i = (i + 1) % places.len();
+    }
 }
 
 /// A queued ticket's place and its WAITING state (arrival number included).

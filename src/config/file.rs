@@ -174,6 +174,9 @@ pub struct FileModel {
     pub adaptive_min_scale: Option<Spanned<f64>>,
     pub adaptive_max_scale: Option<Spanned<f64>>,
     pub health_check: Option<FileHealthCheck>,
+    /// The model's waiting room: its places, and how long a request may wait there.
+    pub waiting_room_size: Option<Spanned<u32>>,
+    pub waiting_room_timeout_ms: Option<Spanned<u64>>,
     #[serde(default)]
     pub workers: Vec<FileWorker>,
     pub dns: Option<FileDns>,

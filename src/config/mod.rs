@@ -191,6 +191,21 @@ pub struct ModelConfig {
     pub discovery: Option<Discovery>,
     /// Active checks of its workers: its `[models.health_check]`, else `[health_check]`.
     pub health_check: Option<crate::health::CheckSettings>,
+    /// Its waiting room (docs/behaviour.md §8.12), when `waiting_room_size` is set.
+    pub waiting_room: Option<WaitingRoom>,
+}
+
+/// A model's waiting room: `size` places over all cores, each wait at most `timeout_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct WaitingRoom {
+    pub size: u32,
+    pub timeout_ms: u64,
+}
+
+impl WaitingRoom {
+    pub const DEFAULT_TIMEOUT_MS: u64 = 5_000;
+    /// Places a room may have (the width of its counts).
+    pub const MAX_SIZE: u32 = (1 << 20) - 1;
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]

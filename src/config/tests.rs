@@ -343,3 +343,50 @@ fn dynamo_canary_variables_give_every_model_a_canary() {
     let err = parse(https).unwrap_err().to_string();
     assert!(err.contains("health checks speak plain HTTP"), "{err}");
 }
+
+#[test]
+fn a_waiting_room_is_a_size_and_a_timeout() {
+    let model = |keys: &str| {
+        format!(
+            "[[models]]\nname = \"m\"\n{keys}\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n"
+        )
+    };
+    assert_eq!(parse(&model("")).unwrap().models[0].waiting_room, None);
+    let c = parse(&model("waiting_room_size = 64")).unwrap();
+    let room = WaitingRoom {
+        size: 64,
+        timeout_ms: 5_000,
+    };
+    assert_eq!(c.models[0].waiting_room, Some(room));
+    let c = parse(&model(
+        "waiting_room_size = 1\nwaiting_room_timeout_ms = 250",
+    ))
+    .unwrap();
+    assert_eq!(c.models[0].waiting_room.map(|r| r.timeout_ms), Some(250));
+    let errors = [
+        (
+            "waiting_room_size = 0",
+            "models[0].waiting_room_size (line 3): must be between 1 and 1048575 (leave it unset for no room)",
+        ),
+        (
+            "waiting_room_size = 1048576",
+            "must be between 1 and 1048575",
+        ),
+        (
+            "waiting_room_size = 4\nwaiting_room_timeout_ms = 0",
+            "models[0].waiting_room_timeout_ms (line 4): must be greater than 0",
+        ),
+        (
+            "waiting_room_timeout_ms = 100",
+            "models[0].waiting_room_timeout_ms (line 3): the model has no waiting room: set `waiting_room_size` too",
+        ),
+        (
+            "router_mode = \"direct\"\nwaiting_room_size = 4",
+            "direct routing names its worker: the model has no waiting room",
+        ),
+    ];
+    for (keys, want) in errors {
+        let e = parse(&model(keys)).unwrap_err().to_string();
+        assert!(e.contains(want), "{keys}: {e}");
+    }
+}

@@ -147,10 +147,48 @@ impl Validator<'_> {
                 None => None,
             },
             adaptive: self.adaptive(&key, m, &thresholds)?,
+            waiting_room: self.waiting_room(&key, m, router_mode)?,
             workers: members,
             discovery,
             health_check: None,
         })
+    }
+
+    /// The waiting room's keys: a size from 1 to [`WaitingRoom::MAX_SIZE`] enables it; a
+    /// timeout needs a size; direct routing names its worker, so it has no room.
+    fn waiting_room(
+        &self,
+        key: Key<'_>,
+        m: &FileModel,
+        mode: RouterMode,
+    ) -> Result<Option<WaitingRoom>, ConfigError> {
+        let timeout_ms = self.positive(
+            &key("waiting_room_timeout_ms"),
+            &m.waiting_room_timeout_ms,
+            WaitingRoom::DEFAULT_TIMEOUT_MS,
+        )?;
+        let Some(size) = &m.waiting_room_size else {
+            if let Some(t) = &m.waiting_room_timeout_ms {
+                let msg = "the model has no waiting room: set `waiting_room_size` too";
+                return self.err(key("waiting_room_timeout_ms"), Some(t.span()), msg);
+            }
+            return Ok(None);
+        };
+        let max = WaitingRoom::MAX_SIZE;
+        match *size.get_ref() {
+            n if n == 0 || n > max => {
+                let msg = format!("must be between 1 and {max} (leave it unset for no room)");
+                self.err(key("waiting_room_size"), Some(size.span()), msg)
+            }
+            _ if mode == RouterMode::Direct => {
+                let msg = "direct routing names its worker: the model has no waiting room";
+                self.err(key("waiting_room_size"), Some(size.span()), msg)
+            }
+            n => Ok(Some(WaitingRoom {
+                size: n,
+                timeout_ms,
+            })),
+        }
     }
 
     /// The file's thresholds (validated with Dynamo's messages) over the flags' defaults.

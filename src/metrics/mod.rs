@@ -280,4 +280,24 @@ fn admission(f: &mut Families, snap: &Snapshot) {
         "Requests waiting for an engine slot of the worker (request_queue_limit)",
         series(&|g| g.occupancy().1 as f64),
     );
+    let rooms = |v: &dyn Fn(&crate::admission::Room) -> f64| -> Series {
+        (snap.models.iter())
+            .filter_map(|m| Some((labels(&[("model", &m.name)]), v(&m.room.as_ref()?.0))))
+            .collect()
+    };
+    f.gauge(
+        "spillway_waiting_room_requests",
+        "Requests waiting in the model's waiting room for a slot at any of its workers (waiting_room_size)",
+        rooms(&|r| r.waiting() as f64),
+    );
+    f.counter(
+        "spillway_waiting_room_entered_total",
+        "Requests that found every eligible worker's slots full and waited in the model's waiting room",
+        rooms(&|r| r.entered() as f64),
+    );
+    f.gauge(
+        "spillway_waiting_room_release_rate",
+        "Slots the model's workers gave back per second while requests waited in its room, as last measured (0: not yet)",
+        rooms(&|r| r.pace().per_sec()),
+    );
 }

@@ -47,24 +47,43 @@ impl ReleaseRate {
     }
 }
 
-/// Every capped worker's measurement, by worker slot.
+/// Every capped worker's measurement, by worker slot, and every waiting room's (the
+/// releases of its model's gates while requests wait in it), by model id.
 #[derive(Debug, Default)]
-pub struct ReleaseRates(Vec<ReleaseRate>);
+pub struct ReleaseRates {
+    gates: Vec<ReleaseRate>,
+    rooms: Vec<ReleaseRate>,
+}
+
+/// The entry at `i`, grown as ids appear.
+fn entry(v: &mut Vec<ReleaseRate>, i: usize) -> &mut ReleaseRate {
+    if v.len() <= i {
+        v.resize(i + 1, ReleaseRate::default());
+    }
+    &mut v[i]
+}
 
 impl ReleaseRates {
-    /// One tick: measures every gate of `snap` and publishes its rate to it.
+    /// One tick: measures every gate and room of `snap` and publishes its rate to it.
     pub fn observe(&mut self, snap: &Snapshot, now_ms: u64) {
         for w in &snap.workers {
             let Some(gate) = &w.gate else {
                 continue;
             };
-            let slot = w.state.slot as usize;
-            if self.0.len() <= slot {
-                self.0.resize(slot + 1, ReleaseRate::default());
-            }
             let (_, waiting) = gate.occupancy();
-            let rate = self.0[slot].step(gate.released(), waiting, now_ms);
-            gate.set_release_rate(rate);
+            let rate = entry(&mut self.gates, w.state.slot as usize);
+            gate.pace().set(rate.step(gate.released(), waiting, now_ms));
+        }
+        for m in &snap.models {
+            let Some((room, _)) = &m.room else {
+                continue;
+            };
+            let released = (m.members.iter())
+                .filter_map(|p| snap.workers[p.worker as usize].gate.as_ref())
+                .map(|g| g.released())
+                .sum();
+            let rate = entry(&mut self.rooms, m.id as usize);
+            room.pace().set(rate.step(released, room.waiting(), now_ms));
         }
     }
 }

@@ -3,14 +3,43 @@
 //! the request migrate; or, when the client's stated budget ends the wait, one that ends
 //! the request.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use super::error::{AttemptError, Refusal};
 use super::watch::{Interrupt, Reader, watched};
-use crate::admission::{Gate, Ticket};
+use crate::admission::{Gate, Room, Ticket};
 use crate::runtime::clock;
 use crate::shed::{Class, Knob, Why};
 use crate::state::Worker;
+
+/// An engine slot of a worker (nothing to hold when it has no cap). Dropped, it gives the
+/// slot back, then notifies the waiting rooms of the models the worker serves.
+#[derive(Debug)]
+pub(super) struct Slot<'w> {
+    ticket: Option<Ticket<'w>>,
+    rooms: &'w [Arc<Room>],
+}
+
+impl<'w> Slot<'w> {
+    /// `ticket` (holding a slot) at `worker`.
+    pub fn new(worker: &'w Worker, ticket: Option<Ticket<'w>>) -> Slot<'w> {
+        Slot {
+            ticket,
+            rooms: &worker.rooms,
+        }
+    }
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        if self.ticket.take().map(drop).is_some() {
+            for room in self.rooms {
+                room.notify();
+            }
+        }
+    }
+}
 
 /// The time a client gave its request (docs/behaviour.md §8.10): `ms` from `from`, when
 /// Spillway had its head.
@@ -22,13 +51,13 @@ pub(super) struct Budget {
 
 impl Budget {
     /// When the budget ends.
-    fn end(self) -> Instant {
+    pub fn end(self) -> Instant {
         self.from + Duration::from_millis(self.ms)
     }
 
     /// The refusal when the budget ends a wait at `at` (now, or when the wait is
     /// predicted to end): the ms the request has had by then against its budget.
-    fn spent(self, at: Instant) -> AttemptError {
+    pub fn spent(self, at: Instant) -> AttemptError {
         let why = Why {
             knob: Knob::Deadline,
             value: at.saturating_duration_since(self.from).as_millis() as f64,
@@ -38,13 +67,23 @@ impl Budget {
     }
 }
 
-/// A ticket holding an engine slot of `worker` (`None`: the worker has no cap), after a
+/// A slot of `worker` (nothing held when the worker has no cap), after a
 /// wait in its queue of at most its `request_queue_timeout_ms`, or the cap `cap_ms` reads
 /// (asked only when the ticket must wait) when less, or what is left of the client's
 /// `budget` when less still (then its end refuses with knob `deadline`; at once when
-/// nothing is left or the ticket's turn is predicted past it). The ticket gives the slot
-/// back when dropped.
+/// nothing is left or the ticket's turn is predicted past it).
 pub(super) async fn admit<'w>(
+    worker: &'w Worker,
+    class: Class,
+    cap_ms: impl FnOnce() -> Option<u64>,
+    budget: Option<Budget>,
+    reader: &mut Reader<'_>,
+) -> Result<Slot<'w>, AttemptError> {
+    let ticket = wait_at_gate(worker, class, cap_ms, budget, reader).await?;
+    Ok(Slot::new(worker, ticket))
+}
+
+async fn wait_at_gate<'w>(
     worker: &'w Worker,
     class: Class,
     cap_ms: impl FnOnce() -> Option<u64>,
@@ -70,7 +109,10 @@ pub(super) async fn admit<'w>(
         end = b.end();
         // Nothing left, or its turn predicted past it: refused now rather than at its end.
         let (_, position) = gate.occupancy();
-        let predicted = gate.predicted_wait_ms(position).map(Duration::from_millis);
+        let predicted = gate
+            .pace()
+            .predicted_wait_ms(position)
+            .map(Duration::from_millis);
         let turn = predicted.map_or(started, |wait| started + wait);
         // A grant that came meanwhile wins: the ticket holds a slot.
         if end <= turn && !ticket.is_ready() {

@@ -4,7 +4,7 @@
 //! another worker may retry it) → relay the body → give the connection back to the pool,
 //! watched. Guards give back the slot and the tracked load on every path.
 
-use super::admit::{Budget, admit};
+use super::admit::{Budget, Slot, admit};
 use super::connect::{connect_and_send, retry_fresh};
 use super::core::CoreCtx;
 use super::error::AttemptError;
@@ -25,28 +25,23 @@ pub(super) struct Done {
     pub status: u16,
 }
 
-/// One attempt. `may_retry` (asked only on a 5xx head): the head is dropped for a retry
-/// elsewhere rather than relayed.
+/// One attempt, on the slot `held` when the request already has one (from the model's
+/// waiting room), else after admission at the worker's gate. `may_retry` (asked only on a
+/// 5xx head): the head is dropped for a retry elsewhere rather than relayed.
 pub(super) async fn attempt(
     ctx: &CoreCtx,
     ex: &mut Exchange<'_, '_>,
-    worker: &Worker,
+    (worker, held): (&Worker, Option<Slot<'_>>),
     cached_tokens: u64,
     stage: &mut InStage<'_>,
     may_retry: impl Fn() -> bool,
 ) -> Result<Done, AttemptError> {
     let _on_worker = OnWorker::start(&worker.state, ctx.id);
     let limits = &ex.req.snap.config.limits;
-    let waited = clock::now();
-    // The adaptive mode cuts queue waits short while the model is overloaded.
-    let cap_ms = || ctx.busy.borrow_mut().load().queue_cap_ms(ex.req.model.id);
-    let budget = (ex.req.budget_ms).map(|ms| Budget {
-        from: ex.req.started,
-        ms,
-    });
-    let ticket = admit(worker, ex.req.class, cap_ms, budget, &mut ex.reader).await;
-    ex.trail.queue += clock::since(waited);
-    let ticket = ticket?;
+    let ticket = match held {
+        Some(slot) => slot,
+        None => gate(ctx, ex, worker).await?,
+    };
     let mut sent = connect_and_send(ctx, worker, &mut ex.io.to_worker, limits).await?;
     stage.set(Some(Stage::Dispatch));
     let block_size = worker.cfg.block_size;
@@ -96,4 +91,22 @@ pub(super) async fn attempt(
         keep_alive: ex.req.client_keep_alive && framing.allows_keep_alive(),
         status: resp.status,
     })
+}
+
+/// Admission at the worker's gate, timed for the log line.
+async fn gate<'w>(
+    ctx: &CoreCtx,
+    ex: &mut Exchange<'_, '_>,
+    worker: &'w Worker,
+) -> Result<Slot<'w>, AttemptError> {
+    let waited = clock::now();
+    // The adaptive mode cuts queue waits short while the model is overloaded.
+    let cap_ms = || ctx.busy.borrow_mut().load().queue_cap_ms(ex.req.model.id);
+    let budget = (ex.req.budget_ms).map(|ms| Budget {
+        from: ex.req.started,
+        ms,
+    });
+    let slot = admit(worker, ex.req.class, cap_ms, budget, &mut ex.reader).await;
+    ex.trail.queue += clock::since(waited);
+    slot
 }

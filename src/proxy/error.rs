@@ -8,7 +8,7 @@
 
 use std::borrow::Cow;
 
-use crate::admission::{AT_CAPACITY, DEADLINE, QUEUE_TIMEOUT};
+use crate::admission::{AT_CAPACITY, DEADLINE, QUEUE_TIMEOUT, ROOM_FULL, ROOM_TIMEOUT};
 use crate::http::HttpError;
 use crate::http::canned::{ErrorAnswer, Field, messages, write_error};
 use crate::route::peek::PeekError;
@@ -16,9 +16,14 @@ use crate::shed::{Class, Knob, Why};
 use crate::state::Snapshot;
 use crate::state::counters::{MigrationReason, Outcome, RetryReason};
 
-/// A worker-local refusal (docs/behaviour.md §1.12, §9.1): the request may move to another worker.
+/// A refusal: worker-local (docs/behaviour.md §1.12, §9.1), after which the request may
+/// move to another worker, or the model's waiting room's (§8.12), which ends it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
+    /// The model's waiting room full.
+    RoomFull,
+    /// Waited in the model's waiting room past `waiting_room_timeout_ms`.
+    RoomTimeout,
     /// Engine slots and queue full here.
     AtCapacity,
     /// Waited in this worker's queue past `request_queue_timeout_ms`.
@@ -32,8 +37,8 @@ pub enum Refusal {
 impl Refusal {
     pub fn reason(self) -> MigrationReason {
         match self {
-            Refusal::AtCapacity => MigrationReason::WorkerAtCapacity,
-            Refusal::QueueTimeout => MigrationReason::QueueTimeout,
+            Refusal::AtCapacity | Refusal::RoomFull => MigrationReason::WorkerAtCapacity,
+            Refusal::QueueTimeout | Refusal::RoomTimeout => MigrationReason::QueueTimeout,
             Refusal::UpstreamOverloaded => MigrationReason::UpstreamOverloaded,
             Refusal::UpstreamUnavailable => MigrationReason::UpstreamUnavailable,
         }
@@ -41,8 +46,8 @@ impl Refusal {
 
     pub fn knob(self) -> Knob {
         match self {
-            Refusal::AtCapacity => Knob::QueueFull,
-            Refusal::QueueTimeout => Knob::QueueTimeout,
+            Refusal::AtCapacity | Refusal::RoomFull => Knob::QueueFull,
+            Refusal::QueueTimeout | Refusal::RoomTimeout => Knob::QueueTimeout,
             Refusal::UpstreamOverloaded => Knob::UpstreamOverloaded,
             Refusal::UpstreamUnavailable => Knob::Unreachable,
         }
@@ -214,6 +219,11 @@ impl RequestError {
             _ => "Overloaded",
         };
         let knob = self.knob().unwrap_or(Knob::QueueFull);
+        let setting = match self {
+            RequestError::Refused(Refusal::RoomFull, _) => "waiting_room_size",
+            RequestError::Refused(Refusal::RoomTimeout, _) => "waiting_room_timeout_ms",
+            _ => knob.setting(),
+        };
         let why = self.why();
         let fields = [
             ("knob", Field::Str(knob.label())),
@@ -222,7 +232,7 @@ impl RequestError {
                 "threshold",
                 why.map_or(Field::Null, |w| Field::Num(w.threshold)),
             ),
-            ("setting", Field::Str(knob.setting())),
+            ("setting", Field::Str(setting)),
             ("class", Field::Str(class.label())),
         ];
         let mut retry = itoa::Buffer::new();
@@ -265,6 +275,8 @@ impl RequestError {
             DirectBusy(_) => messages::DIRECT_BUSY.into(),
             Refused(_, Some(w)) if w.knob == Knob::Deadline => DEADLINE.into(),
             Refused(Refusal::QueueTimeout, _) => QUEUE_TIMEOUT.into(),
+            Refused(Refusal::RoomFull, _) => ROOM_FULL.into(),
+            Refused(Refusal::RoomTimeout, _) => ROOM_TIMEOUT.into(),
             Refused(..) => AT_CAPACITY.into(),
             Unavailable => messages::UNAVAILABLE.into(),
         }

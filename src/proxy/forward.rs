@@ -18,6 +18,7 @@ use super::guards::{InStage, Inflight, RetryPlace};
 use super::log::ClosedBy;
 use super::pick::{Excluded, Unpicked, pick};
 use super::response::failed;
+use super::room::{Unbound, bind};
 use crate::http::limits::{INITIAL_READ_BUF, MAX_WORKER_ID_LEN};
 use crate::route::RouterMode;
 use crate::runtime::clock;
@@ -198,6 +199,18 @@ async fn attempts(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, stage: &mut InStage<
             Ok(p) => p,
             Err(none) => return unpicked(none, &tries),
         };
+        // A first try of a model with a waiting room may wait there for any worker.
+        let room = (model.room.as_ref())
+            .filter(|_| !tries.excluded.any())
+            .map(|(room, timeout)| (&**room, *timeout));
+        let (picked, held) = match room {
+            None => (picked, None),
+            Some(room) => match bind(ctx, ex, picked, room).await {
+                Ok(bound) => (bound.picked, Some(bound.slot)),
+                Err(Unbound::Unpicked(none)) => return unpicked(none, &tries),
+                Err(Unbound::Ended(e)) => return ended(ctx, ex, e),
+            },
+        };
         let pos = picked.member;
         if model.kv.is_some() && !tries.cached_observed {
             tries.cached_observed = true;
@@ -210,7 +223,8 @@ async fn attempts(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, stage: &mut InStage<
         ex.trail.worker = Some(model.members[pos].worker as usize);
         let cells = &model.metrics.cores[ctx.id];
         let may_retry = || tries.may_retry(snap, model, cells);
-        let result = attempt(ctx, ex, worker, picked.cached_tokens, stage, may_retry).await;
+        let on = (worker, held);
+        let result = attempt(ctx, ex, on, picked.cached_tokens, stage, may_retry).await;
         count_outcome(ctx, (snap, model), worker, &result);
         let e = match result {
             Ok(Done { keep_alive, status }) => return Forwarded::Done { keep_alive, status },

@@ -4,7 +4,8 @@
 //!
 //! `accept` (connection limit) → `conn` (bursts of requests, parked between them) →
 //! `head` (read the head) → `dispatch` (by path and method) → `request` (the body, the
-//! model, the upstream head) → `body` → `forward` (pick, attempt, migrate) → `pick` →
+//! model, the upstream head) → `body` → `forward` (pick, attempt, migrate) → `room` (the
+//! model's waiting room, which picks again when a slot comes back) → `pick` →
 //! `attempt`: `admit` → `connect` (reuse or connect, send) → `response` (the worker's
 //! head) → `relay` (stream it back).
 //!
@@ -39,6 +40,7 @@ mod pool;
 mod relay;
 mod request;
 mod response;
+mod room;
 mod session;
 mod watch;
 

@@ -39,6 +39,10 @@ impl Excluded {
     pub(super) fn refused(&mut self, pos: usize) {
         self.refused |= bit(pos);
     }
+
+    pub(super) fn any(&self) -> bool {
+        self.failed | self.refused != 0
+    }
 }
 
 /// A member picked for an attempt.

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::counters::ModelMetrics;
 use super::snapshot::{KvRouting, Member, Model, Responses, Snapshot, Worker};
 use super::worker::WorkerState;
-use crate::admission::{Gate, class_slots};
+use crate::admission::{Gate, Room, class_slots};
 use crate::config::{Addrs, Classes, Config, ModelConfig, WorkerConfig};
 use crate::route::cache::PredictedCache;
 use crate::route::{KvSettings, RouterMode};
@@ -40,6 +40,7 @@ pub struct Registry {
     model_metrics: HashMap<String, Arc<ModelMetrics>>,
     member_ids: HashMap<(String, String), u32>,
     kv: HashMap<String, (KvKey, Arc<KvRouting>)>,
+    rooms: HashMap<String, Arc<Room>>,
 }
 
 impl Registry {
@@ -57,6 +58,7 @@ impl Registry {
             model_metrics: HashMap::new(),
             member_ids: HashMap::new(),
             kv: HashMap::new(),
+            rooms: HashMap::new(),
         }
     }
 
@@ -77,7 +79,7 @@ impl Registry {
     /// The next generation: `config` with the socket addresses resolved for it.
     pub fn build(&mut self, config: Config, addrs: &Addrs) -> Snapshot {
         self.generation += 1;
-        let workers: Box<[Worker]> = config
+        let mut workers: Box<[Worker]> = config
             .workers
             .iter()
             .zip(&addrs.workers)
@@ -87,6 +89,7 @@ impl Registry {
                 metrics_addr: a.metrics,
                 state: self.worker_state(w),
                 gate: self.gate(w, &config.classes),
+                rooms: Box::default(),
             })
             .collect();
         let models: Box<[Model]> = config
@@ -94,6 +97,12 @@ impl Registry {
             .iter()
             .map(|m| self.model(m, &config))
             .collect();
+        for (i, w) in workers.iter_mut().enumerate() {
+            w.rooms = (models.iter())
+                .filter(|m| m.members.iter().any(|p| p.worker as usize == i))
+                .filter_map(|m| m.room.as_ref().map(|(r, _)| r.clone()))
+                .collect();
+        }
         self.forget_removed(&config);
         Snapshot {
             generation: self.generation,
@@ -156,6 +165,9 @@ impl Registry {
         self.gates.retain(|k, _| live.contains(k));
         self.kv
             .retain(|name, _| config.models.iter().any(|m| m.name == *name));
+        self.rooms.retain(|name, _| {
+            (config.models.iter()).any(|m| m.name == *name && m.waiting_room.is_some())
+        });
     }
 
     fn model(&mut self, m: &ModelConfig, config: &Config) -> Model {
@@ -192,7 +204,26 @@ impl Registry {
             metrics,
             kv,
             stall_check_ms: (m.health_check.as_ref()).map(|c| (c.interval_ms, c.timeout_ms)),
+            room: self.room(m),
         }
+    }
+
+    /// A model's room survives a reload that keeps its size (its waiters stay in line);
+    /// a new size starts a new room (those waiting in the old one finish there).
+    fn room(&mut self, m: &ModelConfig) -> Option<(Arc<Room>, u64)> {
+        let Some(settings) = m.waiting_room else {
+            self.rooms.remove(&m.name);
+            return None;
+        };
+        let room = match self.rooms.get(&m.name) {
+            Some(r) if r.capacity() == settings.size => r.clone(),
+            _ => {
+                let r = Arc::new(Room::new(settings.size));
+                self.rooms.insert(m.name.clone(), r.clone());
+                r
+            }
+        };
+        Some((room, settings.timeout_ms))
     }
 
     /// A `kv` model's index survives a reload that keeps what shapes it; otherwise it

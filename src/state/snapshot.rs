@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::counters::ModelMetrics;
 use super::worker::WorkerState;
-use crate::admission::Gate;
+use crate::admission::{Gate, Room};
 use crate::config::{Config, WorkerConfig};
 use crate::http::canned::{Canned, messages};
 use crate::route::cache::PredictedCache;
@@ -66,6 +66,8 @@ pub struct Model {
     /// the interval long makes a silent worker suspect, and a suspicion no check clears
     /// within the timeout ends the waits on it.
     pub stall_check_ms: Option<(u64, u64)>,
+    /// Its waiting room and the longest wait there (docs/behaviour.md §8.12).
+    pub room: Option<(Arc<Room>, u64)>,
 }
 
 /// A `kv` model's routing state, kept across reloads while its members, their capacities
@@ -94,6 +96,8 @@ pub struct Worker {
     pub state: Arc<WorkerState>,
     /// Engine slots and overflow queue, when `engine_request_limit` is set.
     pub gate: Option<Arc<Gate>>,
+    /// The waiting rooms of the models it serves: a slot it gives back notifies each.
+    pub rooms: Box<[Arc<Room>]>,
 }
 
 /// The answers the data path gives itself that never change within a generation,

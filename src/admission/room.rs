@@ -1,0 +1,373 @@
+//! A model's waiting room (docs/behaviour.md §8.12): requests that found every eligible
+//! worker's engine slots full wait here, each on its own core, and are bound to a worker
+//! only when one of them frees a slot (late binding). At most `cap` wait, across all cores,
+//! exactly. Lock-free, with the gate's place and waker discipline (`mod.rs`).
+//!
+//! The room hands out no slots: it tells a waiter when to look. A waiter looks at the
+//! model's gates itself ([`super::Gate::try_take`]) when it is **due**: it entered an empty
+//! room, it was **notified**, or it took a **permit**. A slot given back at a gate of the
+//! model notifies the waiter served first that is not already due (most important class,
+//! then oldest); one that finds nobody to notify leaves a permit for the next waiter to
+//! arrive. So only the front of the room looks while others wait, and a request that
+//! comes while others wait joins them rather than taking the slot ahead of them.
+//!
+//! The word packs three counts and a note, so each decision is one read-modify-write:
+//! - `l`: waiters in the room (counted from `enter` until their [`Waiter`] drops);
+//! - `g`: notifications under way (a notifier between its reservation and its settle);
+//! - `p`: permits left by notifications that found nobody waiting (never more than `l`);
+//! - the note: set by a waiter that arrived while a notification was under way and found no
+//!   permit. The notifier that clears it looks again, so that waiter is not missed.
+//!
+//! No lost notification: a release writes the gate's word, then the room's. A waiter is
+//! WAITING (or NOTIFIED) from its claim until it leaves, and every look writes each gate's
+//! word it reads. So either the waiter's look follows the release on that gate's word
+//! (and sees the slot), or the release's notification follows the look (and sees the place
+//! WAITING, or leaves a permit or a note the waiter sees). `tests/loom_room.rs`
+//! model-checks it.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use crossbeam_utils::CachePadded;
+
+use super::{AtomicU64, AtomicWaker, FREE, MAX_LIMIT, Ordering, Place, STATUS};
+use super::{Pace, WAITING, claim, served_before};
+use crate::shed::Class;
+
+/// Spillway's refusal messages: the room full, a wait in it ended.
+pub const ROOM_FULL: &str =
+    "Server overloaded: every worker of the model is at capacity and its waiting room is full";
+pub const ROOM_TIMEOUT: &str = "Server overloaded: request rejected after waiting in the model's waiting room past its timeout";
+
+/// A place whose waiter is due to look: a notification it has not yet taken.
+const NOTIFIED: u64 = 2;
+
+const BITS: u32 = 21;
+const MASK: u64 = (1 << BITS) - 1;
+const L1: u64 = 1;
+const G1: u64 = 1 << BITS;
+const P1: u64 = 1 << (2 * BITS);
+const NOTE: u64 = 1 << 63;
+
+/// (l, g, p) of a word.
+fn counts(w: u64) -> (u64, u64, u64) {
+    (w & MASK, (w >> BITS) & MASK, (w >> (2 * BITS)) & MASK)
+}
+
+#[derive(Debug)]
+pub struct Room {
+    cap: u32,
+    /// `note | p << 42 | g << 21 | l`.
+    word: CachePadded<AtomicU64>,
+    places: Box<[Place]>,
+    arrivals: AtomicU64,
+    /// How fast the model's slots come back while requests wait here.
+    pace: Pace,
+    /// Requests that entered so far (statistics outside the invariants).
+    entered: std::sync::atomic::AtomicU64,
+}
+
+impl Room {
+    /// A room for `cap` waiters (at least one, below 2^20).
+    pub fn new(cap: u32) -> Room {
+        let cap = cap.clamp(1, MAX_LIMIT);
+        Room {
+            cap,
+            word: CachePadded::new(AtomicU64::new(0)),
+            places: (0..cap)
+                .map(|_| Place {
+                    state: AtomicU64::new(FREE),
+                    waker: AtomicWaker::new(),
+                })
+                .collect(),
+            arrivals: AtomicU64::new(0),
+            pace: Pace::default(),
+            entered: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Requests that entered so far.
+    pub fn entered(&self) -> u64 {
+        self.entered.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The rate at which the model's slots come back while requests wait here
+    /// (`monitor/release.rs` measures it).
+    pub fn pace(&self) -> &Pace {
+        &self.pace
+    }
+
+    pub fn capacity(&self) -> u32 {
+        self.cap
+    }
+
+    /// Waiters now (a gauge's reading; a decision uses [`Room::enter`]).
+    pub fn waiting(&self) -> u64 {
+        counts(self.word.load(Ordering::Acquire)).0
+    }
+
+    /// A place for a request of `class`; `None` when `cap` already wait. The waiter is
+    /// due at once when the room was empty or it took a permit.
+    pub fn enter(&self, class: Class) -> Option<Waiter<'_>> {
+        let cap = u64::from(self.cap);
+        let before = (self.word)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                (counts(w).0 < cap).then_some(w + L1)
+            })
+            .ok()?;
+        (self.entered).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let place = claim(&self.places, &self.arrivals, class);
+        let permit = self.check();
+        Some(Waiter {
+            room: self,
+            index: place.index,
+            state: place.state,
+            due: counts(before).0 == 0 || permit,
+            position: counts(before).0 + 1,
+        })
+    }
+
+    /// A waiter just claimed its place: takes a permit if one is left (true), else notes
+    /// itself to the notifications under way.
+    fn check(&self) -> bool {
+        let before = (self.word)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                let (_, g, p) = counts(w);
+                Some(if p > 0 {
+                    w - P1
+                } else if g > 0 {
+                    w | NOTE
+                } else {
+                    w
+                })
+            })
+            .unwrap_or_else(|w| w);
+        counts(before).2 > 0
+    }
+
+    /// Something a waiter may use came back (a slot at a gate of the model): the waiter
+    /// served first that is not yet due is notified, or a permit is left when there is
+    /// none. A read-modify-write of the word even when the room is empty.
+    pub fn notify(&self) {
+        loop {
+            let reserved = (self.word)
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                    Some(if counts(w).0 > 0 { w + G1 } else { w })
+                })
+                .unwrap_or_else(|w| w);
+            if counts(reserved).0 == 0 {
+                return;
+            }
+            let found = self.notify_best();
+            let settled = (self.word)
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                    let next = (w - G1) & !NOTE;
+                    let (l, _, p) = counts(next);
+                    let permit = !found && w & NOTE == 0 && p < l;
+                    Some(if permit { next + P1 } else { next })
+                })
+                .unwrap_or_else(|w| w);
+            // A waiter arrived while this looked: look again, so it is not missed.
+            if settled & NOTE == 0 {
+                return;
+            }
+        }
+    }
+
+    /// Turns the WAITING place served first NOTIFIED and wakes its task; false when none
+    /// waits.
+    fn notify_best(&self) -> bool {
+        loop {
+            let best = (self.places.iter().enumerate())
+                .map(|(i, p)| (i, p.state.load(Ordering::Acquire)))
+                .filter(|&(_, s)| s & STATUS == WAITING)
+                .reduce(|a, b| if served_before(b.1, a.1) { b } else { a });
+            let Some((i, s)) = best else {
+                return false;
+            };
+            let place = &self.places[i];
+            let notified = s - WAITING + NOTIFIED;
+            if (place.state)
+                .compare_exchange(s, notified, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                place.waker.wake();
+                return true;
+            }
+        }
+    }
+}
+
+/// A request's place in a [`Room`]. Leaves on drop; a notification it had not acted on
+/// goes to the next waiter.
+#[derive(Debug)]
+pub struct Waiter<'r> {
+    room: &'r Room,
+    index: usize,
+    /// The place's WAITING state (arrival and class included).
+    state: u64,
+    /// Due by entering an empty room or by a permit, not yet acted on.
+    due: bool,
+    position: u64,
+}
+
+impl<'r> Waiter<'r> {
+    /// True when the waiter should look at the gates now (and takes the reason): it
+    /// entered an empty room, took a permit, or was notified since it last looked.
+    pub fn due(&mut self) -> bool {
+        if std::mem::take(&mut self.due) {
+            return true;
+        }
+        let place = &self.room.places[self.index].state;
+        let notified = self.state - WAITING + NOTIFIED;
+        (place.compare_exchange(notified, self.state, Ordering::AcqRel, Ordering::Acquire)).is_ok()
+    }
+
+    /// Resolves when the waiter is notified.
+    pub fn notified(&self) -> Notified<'_, '_> {
+        Notified { waiter: self }
+    }
+
+    pub fn room(&self) -> &'r Room {
+        self.room
+    }
+
+    /// This waiter's place in line when it came, 1-based.
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+
+    fn is_notified(&self) -> bool {
+        let s = self.room.places[self.index].state.load(Ordering::Acquire);
+        s == self.state - WAITING + NOTIFIED
+    }
+}
+
+impl Drop for Waiter<'_> {
+    fn drop(&mut self) {
+        let room = self.room;
+        let before = room.places[self.index].state.swap(FREE, Ordering::AcqRel);
+        let unused = self.due || before & STATUS == NOTIFIED;
+        let _ = room
+            .word
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                let (l, _, p) = counts(w);
+                let left = l.saturating_sub(1);
+                // Permits never outnumber the waiters; none is kept for an empty room.
+                Some(w - L1 - P1 * p.saturating_sub(left))
+            });
+        if unused {
+            room.notify();
+        }
+    }
+}
+
+/// Future of [`Waiter::notified`].
+#[derive(Debug)]
+pub struct Notified<'w, 'r> {
+    waiter: &'w Waiter<'r>,
+}
+
+impl Future for Notified<'_, '_> {
+    type Output = ();
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let waiter = self.waiter;
+        if waiter.due || waiter.is_notified() {
+            return Poll::Ready(());
+        }
+        // Register first, then check again: a notification in between either sees the
+        // waker or is seen by the second check.
+        let waker = &waiter.room.places[waiter.index].waker;
+        #[cfg(loom)]
+        waker.register(cx.waker().clone());
+        #[cfg(not(loom))]
+        waker.register(cx.waker());
+        if waiter.is_notified() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use super::*;
+    use crate::admission::Gate;
+
+    #[test]
+    fn the_first_waiter_looks_and_later_ones_wait_their_turn() {
+        let room = Room::new(2);
+        let mut a = room.enter(Class::Standard).unwrap();
+        let mut b = room.enter(Class::Standard).unwrap();
+        assert!(a.due() && !a.due(), "entered an empty room: due once");
+        assert!(!b.due(), "others wait");
+        assert!(room.enter(Class::Standard).is_none(), "the cap is exact");
+        room.notify();
+        assert!(a.due() && !b.due(), "a looked and waits again: still first");
+    }
+
+    #[test]
+    fn a_notification_goes_to_the_most_important_then_oldest_waiter() {
+        let room = Room::new(3);
+        let mut old = room.enter(Class::Standard).unwrap();
+        assert!(old.due());
+        let mut young = room.enter(Class::Standard).unwrap();
+        let mut critical = room.enter(Class::Critical).unwrap();
+        room.notify();
+        assert!(critical.due() && !old.due() && !young.due());
+        drop(critical); // it found a slot
+        room.notify();
+        assert!(old.due() && !young.due());
+    }
+
+    #[test]
+    fn a_notification_with_nobody_waiting_leaves_a_permit_for_the_next() {
+        let room = Room::new(3);
+        let mut a = room.enter(Class::Standard).unwrap();
+        assert!(a.due());
+        room.notify(); // a looked and waits: notified
+        room.notify(); // a is due already: a permit
+        let mut b = room.enter(Class::Standard).unwrap();
+        assert!(b.due(), "took the permit");
+        let mut c = room.enter(Class::Standard).unwrap();
+        assert!(!c.due(), "one permit, one waiter");
+        drop((a, b, c));
+        assert_eq!(room.waiting(), 0);
+        room.notify();
+        let mut d = room.enter(Class::Standard).unwrap();
+        assert!(d.due(), "an empty room: due");
+        assert_eq!(
+            counts(room.word.load(Ordering::Relaxed)).2,
+            0,
+            "no permit kept"
+        );
+    }
+
+    #[test]
+    fn a_waiter_leaving_with_a_notification_passes_it_on() {
+        let room = Room::new(2);
+        let mut a = room.enter(Class::Standard).unwrap();
+        assert!(a.due());
+        let mut b = room.enter(Class::Standard).unwrap();
+        room.notify();
+        drop(a); // notified a second time (due() not called since): passes it on
+        assert!(b.due());
+    }
+
+    #[test]
+    fn try_take_takes_a_free_slot_only_when_nobody_queues_at_the_gate() {
+        let gate = Gate::new(1, 1);
+        let held = gate.try_take(Class::Standard).unwrap();
+        assert!(gate.try_take(Class::Standard).is_none());
+        let queued = gate.enter(Class::Standard).unwrap();
+        assert!(!queued.is_ready());
+        drop(held);
+        assert!(queued.is_ready(), "the gate's own queue goes first");
+        assert!(gate.try_take(Class::Standard).is_none());
+        drop(queued);
+        assert!(gate.try_take(Class::Standard).is_some());
+    }
+}

@@ -1,0 +1,191 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods)] // tests time what they observe
+//! A model's waiting room (docs/behaviour.md §8.12): requests that find every worker's
+//! slots full wait for the model, not for one worker, and bind to the first worker that
+//! frees a slot (late binding); first come, first served across cores; the room's size is
+//! exact; its timeout, a client's budget and a client leaving end a wait.
+
+use spillway_testkit::*;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+const ROOM_FULL: &str =
+    "Server overloaded: every worker of the model is at capacity and its waiting room is full";
+const ROOM_TIMEOUT: &str = "Server overloaded: request rejected after waiting in the model's waiting room past its timeout";
+
+/// A model of held workers with one slot each and no queue of their own, and a room.
+fn with_room(cores: usize, workers: &[&Held], room: &str) -> ServerHandle {
+    let mut cfg = format!("[[models]]\nname = \"m\"\nrouter_mode = \"round-robin\"\n{room}\n");
+    for (i, h) in workers.iter().enumerate() {
+        cfg += &format!(
+            "[[models.workers]]\nurl = \"{}\"\nname = \"w{i}\"\nengine_request_limit = 1\n",
+            h.url()
+        );
+    }
+    proxy(cores, &cfg)
+}
+
+fn request(tag: &str, headers: &str) -> Vec<u8> {
+    post_with(
+        "/v1/completions",
+        headers,
+        &format!(r#"{{"model":"m","prompt":"{tag}"}}"#),
+    )
+}
+
+fn gauge(p: &ServerHandle, series: &str) -> f64 {
+    metric_value(&metrics(p.admin_addr), series).unwrap_or(0.0)
+}
+
+fn waiting(p: &ServerHandle) -> f64 {
+    gauge(p, "spillway_waiting_room_requests{model=\"m\"}")
+}
+
+/// Sends `tag` and waits until it is in the room (`before` were there already).
+fn wait_in_room(p: &ServerHandle, tag: &str, before: f64) -> std::thread::JoinHandle<Response> {
+    let h = spawn_request(p.data_addr, request(tag, ""));
+    eventually(tag, Duration::from_secs(5), || waiting(p) == before + 1.0);
+    h
+}
+
+/// The waiter goes to whichever worker frees a slot first, not to the one it was picked
+/// for; no worker queue holds it meanwhile.
+#[test]
+fn a_waiter_binds_to_the_first_worker_that_frees_a_slot() {
+    let (a, b) = (Held::new("a"), Held::new("b"));
+    let p = with_room(2, &[&a, &b], "waiting_room_size = 4");
+    let one = spawn_request(p.data_addr, request("one", ""));
+    let two = spawn_request(p.data_addr, request("two", ""));
+    eventually("both slots taken", Duration::from_secs(5), || {
+        a.up.count() == 1 && b.up.count() == 1
+    });
+    let late = wait_in_room(&p, "late", 0.0);
+    for w in ["w0", "w1"] {
+        assert_eq!(
+            gauge(&p, &format!("dynamo_request_queue{{worker=\"{w}\"}}")),
+            0.0
+        );
+    }
+    // b answers its first request: its slot goes to the waiter.
+    b.release(2);
+    let late = late.join().unwrap();
+    assert_eq!(late.status, 200, "{}", late.text());
+    assert_eq!(late.json()["worker"], "b");
+    assert_eq!(a.up.count(), 1, "the waiter went to a");
+    assert_eq!(waiting(&p), 0.0);
+    a.release(1);
+    for r in [one, two] {
+        assert_eq!(r.join().unwrap().status, 200);
+    }
+}
+
+/// Waiters get slots in the order they came, whichever core they came on.
+#[test]
+fn waiters_are_served_in_arrival_order_across_cores() {
+    let w = Held::new("w");
+    let p = with_room(2, &[&w], "waiting_room_size = 8");
+    let first = spawn_request(p.data_addr, request("first", ""));
+    eventually("slot taken", Duration::from_secs(5), || w.up.count() == 1);
+    let waiters: Vec<_> = (0..5)
+        .map(|i| wait_in_room(&p, &format!("r{i}"), i as f64))
+        .collect();
+    w.release(6);
+    assert_eq!(first.join().unwrap().status, 200);
+    for r in waiters {
+        assert_eq!(r.join().unwrap().status, 200);
+    }
+    let seen: Vec<String> = w.up.seen().iter().map(|s| s.body_str()).collect();
+    let order: Vec<_> = (seen.iter())
+        .filter_map(|b| {
+            ["r0", "r1", "r2", "r3", "r4"]
+                .into_iter()
+                .find(|t| b.contains(t))
+        })
+        .collect();
+    assert_eq!(order, ["r0", "r1", "r2", "r3", "r4"], "{seen:?}");
+}
+
+/// The room's size is exact: one more is refused at once with `queue_full`; a wait past
+/// the room's timeout is refused with `queue_timeout`. Neither reaches a worker.
+#[test]
+fn a_full_room_and_a_long_wait_are_refused() {
+    let w = Held::new("w");
+    let p = with_room(
+        2,
+        &[&w],
+        "waiting_room_size = 1\nwaiting_room_timeout_ms = 400",
+    );
+    let first = spawn_request(p.data_addr, request("first", ""));
+    eventually("slot taken", Duration::from_secs(5), || w.up.count() == 1);
+    let started = Instant::now();
+    let waiter = wait_in_room(&p, "waiter", 0.0);
+    let r = once(p.data_addr, &request("extra", ""));
+    assert_eq!(r.status, 529, "{}", r.text());
+    let v = r.json();
+    assert_eq!(
+        (v["knob"].as_str(), v["message"].as_str()),
+        (Some("queue_full"), Some(ROOM_FULL)),
+        "{v}"
+    );
+    assert_eq!(
+        (v["value"].as_f64(), v["threshold"].as_f64()),
+        (Some(1.0), Some(1.0))
+    );
+    let r = waiter.join().unwrap();
+    assert!(started.elapsed() >= Duration::from_millis(390));
+    assert_eq!(r.status, 529, "{}", r.text());
+    let v = r.json();
+    assert_eq!(
+        (v["knob"].as_str(), v["message"].as_str()),
+        (Some("queue_timeout"), Some(ROOM_TIMEOUT)),
+        "{v}"
+    );
+    assert_eq!(v["threshold"].as_f64(), Some(400.0), "{v}");
+    assert_eq!(v["setting"], "waiting_room_timeout_ms", "{v}");
+    assert!(v["value"].as_f64().unwrap() >= 390.0, "{v}");
+    for knob in ["queue_full", "queue_timeout"] {
+        let series =
+            format!("spillway_refusals_total{{model=\"m\",knob=\"{knob}\",class=\"standard\"}}");
+        assert_eq!(gauge(&p, &series), 1.0, "{knob}");
+    }
+    assert_eq!(waiting(&p), 0.0);
+    w.release(1);
+    assert_eq!(first.join().unwrap().status, 200);
+    assert_eq!(w.up.count(), 1, "a refused request reached the worker");
+}
+
+/// A client's stated budget ends its wait in the room (knob `deadline`); a client that
+/// leaves frees its place at once, and the next waiter gets the slot.
+#[test]
+fn a_budget_or_a_client_leaving_ends_a_wait() {
+    let w = Held::new("w");
+    let p = with_room(1, &[&w], "waiting_room_size = 4");
+    let first = spawn_request(p.data_addr, request("first", ""));
+    eventually("slot taken", Duration::from_secs(5), || w.up.count() == 1);
+    let started = Instant::now();
+    let r = once(
+        p.data_addr,
+        &request("hurried", "x-stainless-timeout: 0.25\r\n"),
+    );
+    assert_eq!(r.status, 529, "{}", r.text());
+    assert_eq!(r.json()["knob"], "deadline", "{}", r.text());
+    assert!(started.elapsed() >= Duration::from_millis(240));
+    let mut gone = std::net::TcpStream::connect(p.data_addr).unwrap();
+    gone.write_all(&request("gone", "")).unwrap();
+    eventually("in the room", Duration::from_secs(5), || waiting(&p) == 1.0);
+    drop(gone);
+    eventually("left the room", Duration::from_secs(5), || {
+        waiting(&p) == 0.0
+    });
+    let next = wait_in_room(&p, "next", 0.0);
+    w.release(2);
+    assert_eq!(first.join().unwrap().status, 200);
+    assert_eq!(next.join().unwrap().status, 200);
+    let seen: Vec<String> = w.up.seen().iter().map(|s| s.body_str()).collect();
+    assert!(
+        !seen
+            .iter()
+            .any(|b| b.contains("hurried") || b.contains("gone")),
+        "{seen:?}"
+    );
+}
