@@ -14,7 +14,7 @@
 
 use std::future::Future;
 use std::pin::pin;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Waker};
 
 // The model's own bookkeeping uses std types (see tests/loom.rs).
 use std::sync::Arc;

@@ -189,3 +189,37 @@ fn a_budget_or_a_client_leaving_ends_a_wait() {
         "{seen:?}"
     );
 }
+
+/// A sheddable request held back by its class's share waits in the room beside a free
+/// slot; a standard one that comes is not behind it and takes that slot at once.
+#[test]
+fn a_more_important_request_is_not_behind_a_less_important_waiter() {
+    let w = Held::new("w");
+    let p = proxy(
+        2,
+        &format!(
+            "[classes.sheddable]\nslot_share = 0.5\n[[models]]\nname = \"m\"\n\
+             waiting_room_size = 4\n[[models.workers]]\nurl = \"{}\"\nname = \"w\"\n\
+             engine_request_limit = 2\n",
+            w.url()
+        ),
+    );
+    let shed = |tag: &str| request(tag, "x-spillway-class: sheddable\r\n");
+    let first = spawn_request(p.data_addr, shed("shed-running"));
+    eventually("running", Duration::from_secs(5), || w.up.count() == 1);
+    let held_back = spawn_request(p.data_addr, shed("shed-waiting"));
+    eventually("in the room", Duration::from_secs(5), || waiting(&p) == 1.0);
+    let standard = spawn_request(p.data_addr, request("standard", ""));
+    eventually(
+        "standard took the free slot",
+        Duration::from_secs(5),
+        || w.up.count() == 2,
+    );
+    assert_eq!(waiting(&p), 1.0, "the sheddable one still waits");
+    w.release(3);
+    for r in [first, standard, held_back] {
+        assert_eq!(r.join().unwrap().status, 200);
+    }
+    let seen: Vec<String> = w.up.seen().iter().map(|s| s.body_str()).collect();
+    assert!(seen[1].contains("\"standard\""), "{seen:?}");
+}

@@ -32,7 +32,7 @@ use std::task::{Context, Poll};
 use crossbeam_utils::CachePadded;
 
 use super::{AtomicU64, AtomicWaker, FREE, MAX_LIMIT, Ordering, Place, STATUS};
-use super::{Pace, WAITING, claim, served_before};
+use super::{Pace, WAITING, claim, class_of, served_before};
 use crate::shed::Class;
 
 /// Spillway's refusal messages: the room full, a wait in it ended.
@@ -62,6 +62,9 @@ pub struct Room {
     word: CachePadded<AtomicU64>,
     places: Box<[Place]>,
     arrivals: AtomicU64,
+    /// Waiters of each class (by [`Class::index`]), counted from just after `enter`'s
+    /// reservation until they leave: which waiters a newcomer is behind.
+    by_class: [AtomicU64; 3],
     /// How fast the model's slots come back while requests wait here.
     pace: Pace,
     /// Requests that entered so far (statistics outside the invariants).
@@ -82,6 +85,7 @@ impl Room {
                 })
                 .collect(),
             arrivals: AtomicU64::new(0),
+            by_class: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
             pace: Pace::default(),
             entered: std::sync::atomic::AtomicU64::new(0),
         }
@@ -107,8 +111,17 @@ impl Room {
         counts(self.word.load(Ordering::Acquire)).0
     }
 
+    /// Waiters a request of `class` would be behind: those of its class and of more
+    /// important ones.
+    pub fn waiting_ahead(&self, class: Class) -> u64 {
+        (self.by_class[..=class.index()].iter())
+            .map(|n| n.load(Ordering::Acquire))
+            .sum()
+    }
+
     /// A place for a request of `class`; `None` when `cap` already wait. The waiter is
-    /// due at once when the room was empty or it took a permit.
+    /// due at once when nobody of its class or a more important one waited (it is first
+    /// in line), or it took a permit.
     pub fn enter(&self, class: Class) -> Option<Waiter<'_>> {
         let cap = u64::from(self.cap);
         let before = (self.word)
@@ -117,14 +130,16 @@ impl Room {
             })
             .ok()?;
         (self.entered).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let ahead = self.waiting_ahead(class);
+        self.by_class[class.index()].fetch_add(1, Ordering::AcqRel);
         let place = claim(&self.places, &self.arrivals, class);
         let permit = self.check();
         Some(Waiter {
             room: self,
             index: place.index,
             state: place.state,
-            due: counts(before).0 == 0 || permit,
-            position: counts(before).0 + 1,
+            due: counts(before).0 == 0 || ahead == 0 || permit,
+            position: ahead + 1,
         })
     }
 
@@ -233,7 +248,8 @@ impl<'r> Waiter<'r> {
         self.room
     }
 
-    /// This waiter's place in line when it came, 1-based.
+    /// This waiter's place in line when it came, 1-based: behind those of its class and
+    /// of more important ones.
     pub fn position(&self) -> u64 {
         self.position
     }
@@ -247,6 +263,7 @@ impl<'r> Waiter<'r> {
 impl Drop for Waiter<'_> {
     fn drop(&mut self) {
         let room = self.room;
+        room.by_class[class_of(self.state)].fetch_sub(1, Ordering::AcqRel);
         let before = room.places[self.index].state.swap(FREE, Ordering::AcqRel);
         let unused = self.due || before & STATUS == NOTIFIED;
         let _ = room
@@ -316,11 +333,34 @@ mod tests {
         assert!(old.due());
         let mut young = room.enter(Class::Standard).unwrap();
         let mut critical = room.enter(Class::Critical).unwrap();
+        assert!(critical.due(), "first of its class: looks at once");
         room.notify();
         assert!(critical.due() && !old.due() && !young.due());
         drop(critical); // it found a slot
         room.notify();
         assert!(old.due() && !young.due());
+    }
+
+    #[test]
+    fn a_newcomer_first_in_its_class_looks_at_once() {
+        let room = Room::new(4);
+        let mut sheddable = room.enter(Class::Sheddable).unwrap();
+        assert!(sheddable.due());
+        let mut standard = room.enter(Class::Standard).unwrap();
+        assert!(
+            standard.due(),
+            "nobody of its class or above waits: it looks"
+        );
+        let mut later = room.enter(Class::Standard).unwrap();
+        assert!(!later.due(), "behind the first standard");
+        assert_eq!(
+            (later.position(), room.waiting_ahead(Class::Critical)),
+            (2, 0)
+        );
+        let mut critical = room.enter(Class::Critical).unwrap();
+        assert!(critical.due());
+        drop(standard);
+        assert_eq!(room.waiting_ahead(Class::Sheddable), 3);
     }
 
     #[test]

@@ -44,14 +44,16 @@ enum Look<'s> {
 
 /// A slot for the request at `first` (the member just picked) or at any eligible member,
 /// now or after a wait in `room` of at most `timeout_ms` (less when the client's budget
-/// ends first). Joins the room at once when others wait in it.
+/// ends first). Joins the room at once behind waiters of its class or more important ones.
 pub(super) async fn bind<'s>(
     ctx: &CoreCtx,
     ex: &mut Exchange<'_, 's>,
     first: Picked,
     (room, timeout_ms): (&'s Room, u64),
 ) -> Result<Bound<'s>, Unbound<'s>> {
-    if room.waiting() == 0 {
+    // Nobody of its class or a more important one waits: the picked worker's free slot
+    // is its own (one waiter of a less important class cannot take, say for its share).
+    if room.waiting_ahead(ex.req.class) == 0 {
         let worker = &ex.req.snap.workers[ex.req.model.members[first.member].worker as usize];
         if let Some(gate) = worker.gate.as_deref() {
             if let Some(t) = gate.try_take(ex.req.class) {
