@@ -299,8 +299,11 @@ ELAPSED=$((SECONDS - START))
   echo "- Placement: proxy on CPU $PROXY_CPU (Spillway cores=1 cpus=[0] monitor_cpu=0; HAProxy nbthread 1 + cpu-map 1/1 0, all under taskset -c 0); both mock engines and the load generator on CPU $LOAD_CPU."
   echo "- Engines (each): \`spillway mock-engine $(mock_engine_flags)\`; requests: streaming chat completions, prompt $PROMPT_BYTES bytes of messages (≈ $((PROMPT_BYTES / 4)) tokens by the mock's estimate), max_tokens $MAX_TOKENS."
 } >"$T/header.md"
-# A run of the adaptive setup alone shows its file as the shedding configuration.
-[[ -f $T/spillway-shed.toml ]] || cp "$T/spillway-adaptive.toml" "$T/spillway-shed.toml" 2>/dev/null || true
+# A run without the shed setup shows the adaptive (or room) setup's file as the shedding
+# configuration.
+for f in adaptive room; do
+  [[ -f $T/spillway-shed.toml ]] || cp "$T/spillway-$f.toml" "$T/spillway-shed.toml" 2>/dev/null || true
+done
 cp "$T/spillway-shed.toml" "$T/shed.toml" 2>/dev/null || true
 
 "$PY" "$HERE/report.py" report --summary "$SUMMARY" --capacity "$T/runs/capacity.jsonl" \
