@@ -26,7 +26,7 @@ fn body(tag: &str) -> Vec<u8> {
 }
 
 fn gauge(p: &ServerHandle, series: &str) -> f64 {
-    metric_value(&metrics(p.admin_addr), series).unwrap_or(-1.0)
+    scrape(p.admin_addr, series).unwrap_or(-1.0)
 }
 
 #[test]

@@ -13,7 +13,7 @@ fn request(class: Option<&str>, tag: &str) -> Vec<u8> {
 }
 
 fn gauge(p: &ServerHandle, series: &str) -> f64 {
-    metric_value(&metrics(p.admin_addr), series).unwrap_or(-1.0)
+    scrape(p.admin_addr, series).unwrap_or(-1.0)
 }
 
 /// One worker with prefill threshold 1000; sheddable requests see it at half.

@@ -24,16 +24,8 @@ fn one_slot(held: &Held, top: &str, queue_ms: u64) -> ServerHandle {
     )
 }
 
-fn request(tag: &str, headers: &str) -> Vec<u8> {
-    post_with(
-        "/v1/completions",
-        headers,
-        &format!(r#"{{"model":"m","prompt":"{tag}"}}"#),
-    )
-}
-
 fn gauge(p: &ServerHandle, series: &str) -> f64 {
-    metric_value(&metrics(p.admin_addr), series).unwrap_or(0.0)
+    scrape(p.admin_addr, series).unwrap_or(0.0)
 }
 
 /// What each stated budget does to a request queued behind a held one, the queue timeout
@@ -67,10 +59,10 @@ fn a_stated_budget_ends_the_wait_for_a_slot() {
     for (top, headers, knob, threshold, longest_ms) in CASES {
         let held = Held::new("w");
         let p = one_slot(&held, top, 5_000);
-        let running = spawn_request(p.data_addr, request("running", ""));
+        let running = spawn_request(p.data_addr, tagged("running", ""));
         eventually("running", Duration::from_secs(5), || held.up.count() == 1);
         let started = Instant::now();
-        let r = once(p.data_addr, &request("late", headers));
+        let r = once(p.data_addr, &tagged("late", headers));
         let waited = started.elapsed();
         assert_eq!(r.status, 529, "{headers:?}: {}", r.text());
         let v = r.json();
@@ -99,7 +91,7 @@ fn a_stated_budget_ends_the_wait_for_a_slot() {
             1.0
         );
         // Not held: the next request (no budget) queues and runs when the slot frees.
-        let next = spawn_request(p.data_addr, request("next", ""));
+        let next = spawn_request(p.data_addr, tagged("next", ""));
         eventually("next queued", Duration::from_secs(5), || {
             gauge(&p, "dynamo_request_queue{worker=\"w\"}") == 1.0
         });
@@ -125,9 +117,9 @@ fn a_longer_or_unreadable_budget_leaves_the_queue_timeout() {
     ] {
         let held = Held::new("w");
         let p = one_slot(&held, "", 200);
-        let running = spawn_request(p.data_addr, request("running", ""));
+        let running = spawn_request(p.data_addr, tagged("running", ""));
         eventually("running", Duration::from_secs(5), || held.up.count() == 1);
-        let r = once(p.data_addr, &request("late", headers));
+        let r = once(p.data_addr, &tagged("late", headers));
         assert_eq!(r.status, 529, "{}", r.text());
         let v = r.json();
         assert_eq!(v["knob"], "queue_timeout", "{headers:?}: {v}");
@@ -157,15 +149,12 @@ fn a_spent_budget_does_not_migrate() {
             worker(&b, "b")
         ),
     );
-    let first = spawn_request(p.data_addr, request("one", ""));
-    let second = spawn_request(p.data_addr, request("two", ""));
+    let first = spawn_request(p.data_addr, tagged("one", ""));
+    let second = spawn_request(p.data_addr, tagged("two", ""));
     eventually("both slots taken", Duration::from_secs(5), || {
         a.up.count() == 1 && b.up.count() == 1
     });
-    let r = once(
-        p.data_addr,
-        &request("late", "x-stainless-timeout: 0.2\r\n"),
-    );
+    let r = once(p.data_addr, &tagged("late", "x-stainless-timeout: 0.2\r\n"));
     assert_eq!(r.status, 529, "{}", r.text());
     assert_eq!(r.json()["knob"], "deadline");
     let migrations = metrics(p.admin_addr)
@@ -198,7 +187,7 @@ fn a_turn_predicted_past_the_budget_is_refused_at_once() {
         ),
     );
     let queued: Vec<_> = (0..20)
-        .map(|i| spawn_request(p.data_addr, request(&format!("q{i}"), "")))
+        .map(|i| spawn_request(p.data_addr, tagged(&format!("q{i}"), "")))
         .collect();
     // Slots come back every 150 ms while requests wait; the monitor measures that pace.
     eventually("a queue", Duration::from_secs(5), || {
@@ -212,10 +201,7 @@ fn a_turn_predicted_past_the_budget_is_refused_at_once() {
     );
     // About 6+ places at ~6.7 a second: a turn about a second away, or more.
     let started = Instant::now();
-    let r = once(
-        p.data_addr,
-        &request("late", "x-stainless-timeout: 0.6\r\n"),
-    );
+    let r = once(p.data_addr, &tagged("late", "x-stainless-timeout: 0.6\r\n"));
     let waited = started.elapsed();
     eprintln!("refused after {waited:?} ({waiting} waiting)");
     assert_eq!(r.status, 529, "{}", r.text());
@@ -231,7 +217,7 @@ fn a_turn_predicted_past_the_budget_is_refused_at_once() {
     // A budget that covers the predicted wait: the request waits its turn.
     let r = once(
         p.data_addr,
-        &request("patient", "x-stainless-timeout: 15\r\n"),
+        &tagged("patient", "x-stainless-timeout: 15\r\n"),
     );
     assert_eq!(r.status, 200, "{}", r.text());
     for q in queued {

@@ -17,7 +17,7 @@ fn completion(tag: &str) -> Vec<u8> {
 }
 
 fn gauge(p: &ServerHandle, series: &str) -> Option<f64> {
-    metric_value(&metrics(p.admin_addr), series)
+    scrape(p.admin_addr, series)
 }
 
 /// A 2-slot engine and a threshold of 0: the third request Spillway sends would wait in

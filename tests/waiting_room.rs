@@ -25,16 +25,8 @@ fn with_room(cores: usize, workers: &[&Held], room: &str) -> ServerHandle {
     proxy(cores, &cfg)
 }
 
-fn request(tag: &str, headers: &str) -> Vec<u8> {
-    post_with(
-        "/v1/completions",
-        headers,
-        &format!(r#"{{"model":"m","prompt":"{tag}"}}"#),
-    )
-}
-
 fn gauge(p: &ServerHandle, series: &str) -> f64 {
-    metric_value(&metrics(p.admin_addr), series).unwrap_or(0.0)
+    scrape(p.admin_addr, series).unwrap_or(0.0)
 }
 
 fn waiting(p: &ServerHandle) -> f64 {
@@ -43,7 +35,7 @@ fn waiting(p: &ServerHandle) -> f64 {
 
 /// Sends `tag` and waits until it is in the room (`before` were there already).
 fn wait_in_room(p: &ServerHandle, tag: &str, before: f64) -> std::thread::JoinHandle<Response> {
-    let h = spawn_request(p.data_addr, request(tag, ""));
+    let h = spawn_request(p.data_addr, tagged(tag, ""));
     eventually(tag, Duration::from_secs(5), || waiting(p) == before + 1.0);
     h
 }
@@ -54,8 +46,8 @@ fn wait_in_room(p: &ServerHandle, tag: &str, before: f64) -> std::thread::JoinHa
 fn a_waiter_binds_to_the_first_worker_that_frees_a_slot() {
     let (a, b) = (Held::new("a"), Held::new("b"));
     let p = with_room(2, &[&a, &b], "waiting_room_size = 4");
-    let one = spawn_request(p.data_addr, request("one", ""));
-    let two = spawn_request(p.data_addr, request("two", ""));
+    let one = spawn_request(p.data_addr, tagged("one", ""));
+    let two = spawn_request(p.data_addr, tagged("two", ""));
     eventually("both slots taken", Duration::from_secs(5), || {
         a.up.count() == 1 && b.up.count() == 1
     });
@@ -84,7 +76,7 @@ fn a_waiter_binds_to_the_first_worker_that_frees_a_slot() {
 fn waiters_are_served_in_arrival_order_across_cores() {
     let w = Held::new("w");
     let p = with_room(2, &[&w], "waiting_room_size = 8");
-    let first = spawn_request(p.data_addr, request("first", ""));
+    let first = spawn_request(p.data_addr, tagged("first", ""));
     eventually("slot taken", Duration::from_secs(5), || w.up.count() == 1);
     let waiters: Vec<_> = (0..5)
         .map(|i| wait_in_room(&p, &format!("r{i}"), i as f64))
@@ -115,11 +107,11 @@ fn a_full_room_and_a_long_wait_are_refused() {
         &[&w],
         "waiting_room_size = 1\nwaiting_room_timeout_ms = 400",
     );
-    let first = spawn_request(p.data_addr, request("first", ""));
+    let first = spawn_request(p.data_addr, tagged("first", ""));
     eventually("slot taken", Duration::from_secs(5), || w.up.count() == 1);
     let started = Instant::now();
     let waiter = wait_in_room(&p, "waiter", 0.0);
-    let r = once(p.data_addr, &request("extra", ""));
+    let r = once(p.data_addr, &tagged("extra", ""));
     assert_eq!(r.status, 529, "{}", r.text());
     let v = r.json();
     assert_eq!(
@@ -160,18 +152,18 @@ fn a_full_room_and_a_long_wait_are_refused() {
 fn a_budget_or_a_client_leaving_ends_a_wait() {
     let w = Held::new("w");
     let p = with_room(1, &[&w], "waiting_room_size = 4");
-    let first = spawn_request(p.data_addr, request("first", ""));
+    let first = spawn_request(p.data_addr, tagged("first", ""));
     eventually("slot taken", Duration::from_secs(5), || w.up.count() == 1);
     let started = Instant::now();
     let r = once(
         p.data_addr,
-        &request("hurried", "x-stainless-timeout: 0.25\r\n"),
+        &tagged("hurried", "x-stainless-timeout: 0.25\r\n"),
     );
     assert_eq!(r.status, 529, "{}", r.text());
     assert_eq!(r.json()["knob"], "deadline", "{}", r.text());
     assert!(started.elapsed() >= Duration::from_millis(240));
     let mut gone = std::net::TcpStream::connect(p.data_addr).unwrap();
-    gone.write_all(&request("gone", "")).unwrap();
+    gone.write_all(&tagged("gone", "")).unwrap();
     eventually("in the room", Duration::from_secs(5), || waiting(&p) == 1.0);
     drop(gone);
     eventually("left the room", Duration::from_secs(5), || {
@@ -204,12 +196,12 @@ fn a_more_important_request_is_not_behind_a_less_important_waiter() {
             w.url()
         ),
     );
-    let shed = |tag: &str| request(tag, "x-spillway-class: sheddable\r\n");
+    let shed = |tag: &str| tagged(tag, "x-spillway-class: sheddable\r\n");
     let first = spawn_request(p.data_addr, shed("shed-running"));
     eventually("running", Duration::from_secs(5), || w.up.count() == 1);
     let held_back = spawn_request(p.data_addr, shed("shed-waiting"));
     eventually("in the room", Duration::from_secs(5), || waiting(&p) == 1.0);
-    let standard = spawn_request(p.data_addr, request("standard", ""));
+    let standard = spawn_request(p.data_addr, tagged("standard", ""));
     eventually(
         "standard took the free slot",
         Duration::from_secs(5),

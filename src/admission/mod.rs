@@ -147,6 +147,25 @@ struct Place {
     waker: AtomicWaker,
 }
 
+impl Place {
+    /// Ready once `done` holds. Checks, registers the task's waker, then checks again: a
+    /// wake in between either sees the waker or is seen by the second check.
+    fn poll_until(&self, cx: &mut Context<'_>, done: impl Fn() -> bool) -> Poll<()> {
+        if done() {
+            return Poll::Ready(());
+        }
+        #[cfg(loom)]
+        self.waker.register(cx.waker().clone());
+        #[cfg(not(loom))]
+        self.waker.register(cx.waker());
+        if done() {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct Gate {
     limit: u32,
@@ -521,20 +540,9 @@ impl Future for Ready<'_, '_> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let ticket = self.ticket;
-        let Some(p) = ticket.place.filter(|_| !ticket.is_ready()) else {
-            return Poll::Ready(());
-        };
-        // Register first, then check again: a grant in between either sees the waker or
-        // is seen by the second check.
-        let waker = &ticket.gate.places[p.index].waker;
-        #[cfg(loom)]
-        waker.register(cx.waker().clone());
-        #[cfg(not(loom))]
-        waker.register(cx.waker());
-        if ticket.is_ready() {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
+        match ticket.place {
+            Some(p) => ticket.gate.places[p.index].poll_until(cx, || ticket.is_ready()),
+            None => Poll::Ready(()),
         }
     }
 }

@@ -291,21 +291,8 @@ impl Future for Notified<'_, '_> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let waiter = self.waiter;
-        if waiter.due || waiter.is_notified() {
-            return Poll::Ready(());
-        }
-        // Register first, then check again: a notification in between either sees the
-        // waker or is seen by the second check.
-        let waker = &waiter.room.places[waiter.index].waker;
-        #[cfg(loom)]
-        waker.register(cx.waker().clone());
-        #[cfg(not(loom))]
-        waker.register(cx.waker());
-        if waiter.is_notified() {
-            Poll::Ready(())
-        } else {
-            Poll::Pending
-        }
+        let place = &waiter.room.places[waiter.index];
+        place.poll_until(cx, || waiter.due || waiter.is_notified())
     }
 }
 

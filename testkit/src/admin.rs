@@ -47,6 +47,11 @@ pub fn metric_value(text: &str, series: &str) -> Option<f64> {
         .and_then(|l| l[series.len()..].trim().parse().ok())
 }
 
+/// One series' value, scraped now from the admin listener at `admin`.
+pub fn scrape(admin: SocketAddr, series: &str) -> Option<f64> {
+    metric_value(&metrics(admin), series)
+}
+
 /// Waits (up to 10 s) until `worker`'s slots, queue and in-flight count and `model`'s
 /// in-flight count are all back to zero: whatever happened, every slot was given back.
 pub fn counters_back_to_zero(admin: SocketAddr, model: &str, worker: &str) {

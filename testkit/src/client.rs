@@ -305,6 +305,16 @@ pub fn chat(model: &str) -> Vec<u8> {
     )
 }
 
+/// A completion request for model `m` whose prompt is `tag` (a test finds it in what the
+/// worker saw), with extra header lines.
+pub fn tagged(tag: &str, headers: &str) -> Vec<u8> {
+    post_with(
+        "/v1/completions",
+        headers,
+        &format!(r#"{{"model":"m","prompt":"{tag}"}}"#),
+    )
+}
+
 /// A GET without a body.
 pub fn get(path: &str) -> Vec<u8> {
     format!("GET {path} HTTP/1.1\r\nhost: t\r\n\r\n").into_bytes()

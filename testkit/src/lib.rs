@@ -30,9 +30,9 @@ pub mod wait;
 
 pub use admin::{
     admin_call, admin_get, admin_post, counters_back_to_zero, metric_value, metrics,
-    promtool_problems,
+    promtool_problems, scrape,
 };
-pub use client::{Client, Response, chat, get, once, post, post_with, spawn_request};
+pub use client::{Client, Response, chat, get, once, post, post_with, spawn_request, tagged};
 pub use overlap::{Handled, most_open_at_once};
 pub use proxy::{
     ConfigFile, ServerHandle, model, proxy, proxy_file, proxy_with, test_head, worker_name,
