@@ -375,11 +375,13 @@ fn waiting_room_allocates_nothing() {
     );
     assert!(toml.contains("engine_request_limit = 1"), "{toml}");
     let p = proxy(1, &toml);
+    // The clients close their connections only after the count (a close is not a request).
     let start = std::sync::Arc::new(std::sync::Barrier::new(3));
     let done = std::sync::Arc::new(std::sync::Barrier::new(3));
+    let counted = std::sync::Arc::new(std::sync::Barrier::new(3));
     let clients: Vec<_> = (0..2)
         .map(|_| {
-            let (start, done) = (start.clone(), done.clone());
+            let (start, done, counted) = (start.clone(), done.clone(), counted.clone());
             let addr = p.data_addr;
             std::thread::spawn(move || {
                 let mut client = TcpStream::connect(addr).unwrap();
@@ -394,6 +396,7 @@ fn waiting_room_allocates_nothing() {
                 start.wait();
                 (0..2_500).for_each(|_| round());
                 done.wait();
+                counted.wait();
             })
         })
         .collect();
@@ -406,6 +409,7 @@ fn waiting_room_allocates_nothing() {
     let watch = Watch::start();
     done.wait();
     let (n, whose) = watch.stop();
+    counted.wait();
     let waited = entered();
     for c in clients {
         c.join().unwrap();
