@@ -119,6 +119,12 @@ fn a_full_room_and_a_long_wait_are_refused() {
         (Some("queue_full"), Some(ROOM_FULL)),
         "{v}"
     );
+    assert_eq!(v["setting"], "waiting_room_size", "{v}");
+    assert_eq!(
+        r.header("retry-after"),
+        Some("1"),
+        "no pace yet: retry_after_secs"
+    );
     assert_eq!(
         (v["value"].as_f64(), v["threshold"].as_f64()),
         (Some(1.0), Some(1.0))
@@ -214,4 +220,62 @@ fn a_more_important_request_is_not_behind_a_less_important_waiter() {
     }
     let seen: Vec<String> = w.up.seen().iter().map(|s| s.body_str()).collect();
     assert!(seen[1].contains("\"standard\""), "{seen:?}");
+}
+
+/// A room refusal's `Retry-After` is the wait the room predicts for a newcomer once its
+/// pace is measured (whole seconds, rounded up; `retry_after_secs` before, as
+/// `a_full_room_and_a_long_wait_are_refused` sees).
+#[test]
+fn a_room_refusal_says_when_to_come_back() {
+    let slow = upstream(|_| {
+        std::thread::sleep(Duration::from_millis(400));
+        Reply::Raw(json_response(200, r#"{"ok":true}"#))
+    });
+    let p = proxy(
+        1,
+        &format!(
+            "[[models]]\nname = \"m\"\nwaiting_room_size = 4\nwaiting_room_timeout_ms = 20000\n\
+             [[models.workers]]\nurl = \"{}\"\nname = \"w\"\nengine_request_limit = 1\n",
+            slow.url()
+        ),
+    );
+    // Arrivals at 10 a second against 2.5 served: the room stays full.
+    let mut sent = Vec::new();
+    for i in 0..24 {
+        sent.push(spawn_request(p.data_addr, tagged(&format!("r{i}"), "")));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // Places freed since the last arrival are taken again, and the probe finds the room
+    // full. A slot that frees meanwhile lets the probe in, where its 50 ms budget refuses
+    // it at once (knob `deadline`): then again.
+    let mut probes = 0;
+    let (r, pace) = loop {
+        probes += 1;
+        for i in 0..3 {
+            let fill = tagged(&format!("fill{probes}-{i}"), "");
+            sent.push(spawn_request(p.data_addr, fill));
+        }
+        eventually("a full room", Duration::from_secs(5), || waiting(&p) == 4.0);
+        let pace = gauge(&p, "spillway_waiting_room_release_rate{model=\"m\"}");
+        let r = once(
+            p.data_addr,
+            &tagged("probe", "x-stainless-timeout: 0.05\r\n"),
+        );
+        assert_eq!(r.status, 529, "{}", r.text());
+        if r.json()["knob"] == "queue_full" || probes == 5 {
+            break (r, pace);
+        }
+    };
+    assert_eq!(r.json()["knob"], "queue_full", "{}", r.text());
+    let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    eprintln!("pace {pace}/s, retry-after {retry} s");
+    // Five places at about 2.5 a second: 2 s, give or take the estimate.
+    assert!(
+        (2..=4).contains(&retry),
+        "retry-after {retry} at pace {pace}"
+    );
+    for h in sent {
+        let s = h.join().unwrap().status;
+        assert!(s == 200 || s == 529, "{s}");
+    }
 }

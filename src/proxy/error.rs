@@ -20,10 +20,12 @@ use crate::state::counters::{MigrationReason, Outcome, RetryReason};
 /// move to another worker, or the model's waiting room's (§8.12), which ends it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Refusal {
-    /// The model's waiting room full.
-    RoomFull,
-    /// Waited in the model's waiting room past `waiting_room_timeout_ms`.
-    RoomTimeout,
+    /// The model's waiting room full. `retry_after`: the room's predicted wait for a
+    /// newcomer, in whole seconds (at least 1), when its pace is known.
+    RoomFull { retry_after: Option<u32> },
+    /// Waited in the model's waiting room past `waiting_room_timeout_ms` (or predicted
+    /// to); `retry_after` as for [`Refusal::RoomFull`].
+    RoomTimeout { retry_after: Option<u32> },
     /// Engine slots and queue full here.
     AtCapacity,
     /// Waited in this worker's queue past `request_queue_timeout_ms`.
@@ -37,8 +39,8 @@ pub enum Refusal {
 impl Refusal {
     pub fn reason(self) -> MigrationReason {
         match self {
-            Refusal::AtCapacity | Refusal::RoomFull => MigrationReason::WorkerAtCapacity,
-            Refusal::QueueTimeout | Refusal::RoomTimeout => MigrationReason::QueueTimeout,
+            Refusal::AtCapacity | Refusal::RoomFull { .. } => MigrationReason::WorkerAtCapacity,
+            Refusal::QueueTimeout | Refusal::RoomTimeout { .. } => MigrationReason::QueueTimeout,
             Refusal::UpstreamOverloaded => MigrationReason::UpstreamOverloaded,
             Refusal::UpstreamUnavailable => MigrationReason::UpstreamUnavailable,
         }
@@ -46,8 +48,8 @@ impl Refusal {
 
     pub fn knob(self) -> Knob {
         match self {
-            Refusal::AtCapacity | Refusal::RoomFull => Knob::QueueFull,
-            Refusal::QueueTimeout | Refusal::RoomTimeout => Knob::QueueTimeout,
+            Refusal::AtCapacity | Refusal::RoomFull { .. } => Knob::QueueFull,
+            Refusal::QueueTimeout | Refusal::RoomTimeout { .. } => Knob::QueueTimeout,
             Refusal::UpstreamOverloaded => Knob::UpstreamOverloaded,
             Refusal::UpstreamUnavailable => Knob::Unreachable,
         }
@@ -219,10 +221,14 @@ impl RequestError {
             _ => "Overloaded",
         };
         let knob = self.knob().unwrap_or(Knob::QueueFull);
-        let setting = match self {
-            RequestError::Refused(Refusal::RoomFull, _) => "waiting_room_size",
-            RequestError::Refused(Refusal::RoomTimeout, _) => "waiting_room_timeout_ms",
-            _ => knob.setting(),
+        let (setting, retry_after) = match *self {
+            RequestError::Refused(Refusal::RoomFull { retry_after }, _) => {
+                ("waiting_room_size", retry_after)
+            }
+            RequestError::Refused(Refusal::RoomTimeout { retry_after }, _) => {
+                ("waiting_room_timeout_ms", retry_after)
+            }
+            _ => (knob.setting(), None),
         };
         let why = self.why();
         let fields = [
@@ -236,7 +242,8 @@ impl RequestError {
             ("class", Field::Str(class.label())),
         ];
         let mut retry = itoa::Buffer::new();
-        let headers = [("retry-after", retry.format(config.retry_after_secs))];
+        let retry_after = retry_after.unwrap_or(config.retry_after_secs);
+        let headers = [("retry-after", retry.format(retry_after))];
         let message = self.message();
         let answer = ErrorAnswer {
             status,
@@ -275,8 +282,8 @@ impl RequestError {
             DirectBusy(_) => messages::DIRECT_BUSY.into(),
             Refused(_, Some(w)) if w.knob == Knob::Deadline => DEADLINE.into(),
             Refused(Refusal::QueueTimeout, _) => QUEUE_TIMEOUT.into(),
-            Refused(Refusal::RoomFull, _) => ROOM_FULL.into(),
-            Refused(Refusal::RoomTimeout, _) => ROOM_TIMEOUT.into(),
+            Refused(Refusal::RoomFull { .. }, _) => ROOM_FULL.into(),
+            Refused(Refusal::RoomTimeout { .. }, _) => ROOM_TIMEOUT.into(),
             Refused(..) => AT_CAPACITY.into(),
             Unavailable => messages::UNAVAILABLE.into(),
         }

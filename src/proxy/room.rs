@@ -73,7 +73,8 @@ pub(super) async fn bind<'s>(
     }
     let Some(waiter) = room.enter(ex.req.class) else {
         let why = room_figures(Knob::QueueFull, room.waiting(), room.capacity().into());
-        let refused = AttemptError::Refused(Refusal::RoomFull, Some(why));
+        let retry_after = retry_after(room);
+        let refused = AttemptError::Refused(Refusal::RoomFull { retry_after }, Some(why));
         return Err(Unbound::Ended(refused));
     };
     let started = clock::now();
@@ -100,7 +101,8 @@ async fn wait<'s>(
         end = b.end();
     }
     // Its turn predicted past its end: refused now rather than at its end.
-    let pace = waiter.room().pace();
+    let room = waiter.room();
+    let pace = room.pace();
     let predicted = pace.predicted_wait_ms(waiter.position());
     let turn = predicted.map_or(started, |ms| started + Duration::from_millis(ms));
     let refuse = |at: Instant, predicted: Option<u64>| match by_budget {
@@ -108,7 +110,8 @@ async fn wait<'s>(
         None => {
             let waited = predicted.unwrap_or_else(|| clock::since(started).as_millis() as u64);
             let why = room_figures(Knob::QueueTimeout, waited, timeout_ms);
-            AttemptError::Refused(Refusal::RoomTimeout, Some(why))
+            let retry_after = retry_after(room);
+            AttemptError::Refused(Refusal::RoomTimeout { retry_after }, Some(why))
         }
     };
     let early = end <= turn;
@@ -176,6 +179,14 @@ fn look<'s>(ctx: &CoreCtx, ex: &Exchange<'_, 's>) -> Look<'s> {
         return Look::Bound(Bound { picked, slot });
     }
     Look::Full
+}
+
+/// A room refusal's `Retry-After`: the wait predicted now for a request that would join
+/// the room's line, in whole seconds rounded up (at least 1); `None` while the room's
+/// pace is unknown.
+fn retry_after(room: &Room) -> Option<u32> {
+    let ms = room.pace().predicted_wait_ms(room.waiting() + 1)?;
+    Some(ms.div_ceil(1_000).clamp(1, u64::from(u32::MAX)) as u32)
 }
 
 /// A room refusal's figures: `value` against the room's `threshold`.
