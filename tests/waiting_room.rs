@@ -141,6 +141,11 @@ fn a_full_room_and_a_long_wait_are_refused() {
     assert_eq!(v["threshold"].as_f64(), Some(400.0), "{v}");
     assert_eq!(v["setting"], "waiting_room_timeout_ms", "{v}");
     assert!(v["value"].as_f64().unwrap() >= 390.0, "{v}");
+    let waits = "spillway_waiting_room_wait_seconds_count{model=\"m\",class=\"standard\"}";
+    assert_eq!(gauge(&p, waits), 1.0, "the one wait, ended by the timeout");
+    let slow =
+        "spillway_waiting_room_wait_seconds_bucket{model=\"m\",class=\"standard\",le=\"0.2\"}";
+    assert_eq!(gauge(&p, slow), 0.0, "it waited 400 ms");
     for knob in ["queue_full", "queue_timeout"] {
         let series =
             format!("spillway_refusals_total{{model=\"m\",knob=\"{knob}\",class=\"standard\"}}");
@@ -268,6 +273,17 @@ fn a_room_refusal_says_when_to_come_back() {
     };
     assert_eq!(r.json()["knob"], "queue_full", "{}", r.text());
     let retry: u64 = r.header("retry-after").unwrap().parse().unwrap();
+    // A place frees: a request with 50 ms to spare gets in, and its turn is predicted
+    // seconds away: refused at once, and counted.
+    eventually("a free place", Duration::from_secs(5), || waiting(&p) < 4.0);
+    let hurried = once(
+        p.data_addr,
+        &tagged("hurried", "x-stainless-timeout: 0.05\r\n"),
+    );
+    assert_eq!(hurried.json()["knob"], "deadline", "{}", hurried.text());
+    let predicted = "spillway_waiting_room_predicted_refusals_total{model=\"m\"}";
+    let counted = gauge(&p, predicted);
+    assert_eq!(counted, probes as f64, "probes that got in, and this one");
     eprintln!("pace {pace}/s, retry-after {retry} s");
     // Five places at about 2.5 a second: 2 s, give or take the estimate.
     assert!(

@@ -18,7 +18,8 @@ use crate::route::Endpoint;
 use crate::runtime::clock;
 use crate::shed::{Class, Knob};
 use crate::state::counters::{
-    DURATION_BUCKETS, ITL_BUCKETS, MigrationReason, Outcome, RequestType, TTFT_BUCKETS,
+    DURATION_BUCKETS, ITL_BUCKETS, MigrationReason, Outcome, ROOM_WAIT_BUCKETS, RequestType,
+    TTFT_BUCKETS,
 };
 use crate::state::{Model, Snapshot};
 
@@ -251,6 +252,13 @@ fn worker_load(f: &mut Families, control: &Control, snap: &Snapshot, now: u64) {
     );
 }
 
+/// One series per model with a waiting room.
+fn rooms_of(snap: &Snapshot, value: &dyn Fn(&Model) -> f64) -> Series {
+    (snap.models.iter().filter(|m| m.room.is_some()))
+        .map(|m| (labels(&[("model", &m.name)]), value(m)))
+        .collect()
+}
+
 /// Worker admission (engine slots and overflow queue), for workers with a limit.
 fn admission(f: &mut Families, snap: &Snapshot) {
     let gates: Vec<_> = snap
@@ -281,9 +289,7 @@ fn admission(f: &mut Families, snap: &Snapshot) {
         series(&|g| g.occupancy().1 as f64),
     );
     let rooms = |v: &dyn Fn(&crate::admission::Room) -> f64| -> Series {
-        (snap.models.iter())
-            .filter_map(|m| Some((labels(&[("model", &m.name)]), v(&m.room.as_ref()?.0))))
-            .collect()
+        rooms_of(snap, &|m| m.room.as_ref().map_or(0.0, |(r, _)| v(r)))
     };
     f.gauge(
         "spillway_waiting_room_requests",
@@ -294,6 +300,27 @@ fn admission(f: &mut Families, snap: &Snapshot) {
         "spillway_waiting_room_entered_total",
         "Requests that found every eligible worker's slots full and waited in the model's waiting room",
         rooms(&|r| r.entered() as f64),
+    );
+    f.counter(
+        "spillway_waiting_room_predicted_refusals_total",
+        "Waiters refused at once because their turn was predicted past the end of their wait (the room's timeout or the client's budget)",
+        rooms_of(snap, &|m| m.metrics.room_predicted() as f64),
+    );
+    let waits: Vec<_> = (snap.models.iter().filter(|m| m.room.is_some()))
+        .flat_map(|m| {
+            Class::ALL.map(|c| {
+                let l = labels(&[("model", &m.name), ("class", c.label())]);
+                let h = histogram(&ROOM_WAIT_BUCKETS, &m.metrics, |core| {
+                    &core.room_wait[c.index()]
+                });
+                (l, h)
+            })
+        })
+        .collect();
+    f.histogram(
+        "spillway_waiting_room_wait_seconds",
+        "Waits in the model's waiting room, however they ended (a slot, a refusal, the client gone)",
+        waits,
     );
     f.gauge(
         "spillway_waiting_room_release_rate",

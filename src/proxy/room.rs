@@ -19,6 +19,7 @@ use super::watch::{Interrupt, watched};
 use crate::admission::{Room, Waiter};
 use crate::runtime::clock;
 use crate::shed::{Knob, Why};
+use crate::state::counters::ROOM_WAIT_BUCKETS;
 
 /// A request bound to a worker: its member and a slot there.
 pub(super) struct Bound<'s> {
@@ -79,7 +80,11 @@ pub(super) async fn bind<'s>(
     };
     let started = clock::now();
     let result = wait(ctx, ex, waiter, started, timeout_ms).await;
-    ex.trail.queue += clock::since(started);
+    let waited = clock::since(started);
+    ex.trail.queue += waited;
+    let cells = &ex.req.model.metrics.cores[ctx.id];
+    let wait_cells = &cells.room_wait[ex.req.class.index()];
+    wait_cells.observe(&ROOM_WAIT_BUCKETS, waited.as_secs_f64());
     result
 }
 
@@ -124,6 +129,7 @@ async fn wait<'s>(
             }
         }
         if early {
+            ex.req.model.metrics.cores[ctx.id].room_predicted();
             return Err(Unbound::Ended(refuse(turn, predicted)));
         }
         match watched(waiter.notified(), &mut ex.reader, end).await {

@@ -202,6 +202,11 @@ pub const OVERHEAD_BUCKETS: [f64; 12] = [
     1e-6, 2e-6, 5e-6, 1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3,
 ];
 
+/// `spillway_waiting_room_wait_seconds`: a wait in a model's waiting room, 1 ms to 10 s.
+pub const ROOM_WAIT_BUCKETS: [f64; 13] = [
+    0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0,
+];
+
 /// A single-writer histogram: counts per bucket (last = +Inf) and the sum in nanoseconds.
 #[derive(Debug)]
 pub struct Histogram<const N: usize> {
@@ -302,6 +307,10 @@ pub struct ModelCore {
     refusals: [AtomicU64; KNOBS * CLASSES],
     /// Requests routed, by class.
     classes: [AtomicU64; CLASSES],
+    /// Waits in the model's waiting room, by class, however they ended.
+    pub room_wait: [Histogram<13>; CLASSES],
+    /// Waiters refused at once, their turn predicted past their wait's end.
+    room_predicted: AtomicU64,
 }
 
 impl Default for ModelCore {
@@ -326,6 +335,8 @@ impl Default for ModelCore {
             retries_refused: AtomicU64::new(0),
             refusals: std::array::from_fn(|_| AtomicU64::new(0)),
             classes: std::array::from_fn(|_| AtomicU64::new(0)),
+            room_wait: std::array::from_fn(|_| Histogram::default()),
+            room_predicted: AtomicU64::new(0),
         }
     }
 }
@@ -365,6 +376,12 @@ impl ModelCore {
     #[inline]
     pub fn refused(&self, knob: Knob, class: Class) {
         add(&self.refusals[knob.index() * CLASSES + class.index()], 1);
+    }
+
+    /// A waiter refused at once, its turn predicted past its wait's end.
+    #[inline]
+    pub fn room_predicted(&self) {
+        add(&self.room_predicted, 1);
     }
 
     /// A request of `class` is being routed.
@@ -432,6 +449,10 @@ impl ModelMetrics {
 
     pub fn refusals(&self, knob: Knob, class: Class) -> u64 {
         self.total(|c| &c.refusals[knob.index() * CLASSES + class.index()])
+    }
+
+    pub fn room_predicted(&self) -> u64 {
+        self.total(|c| &c.room_predicted)
     }
 
     pub fn requests_of_class(&self, class: Class) -> u64 {
