@@ -305,3 +305,95 @@ fn a_room_refusal_says_when_to_come_back() {
         assert!(s == 200 || s == 529, "{s}");
     }
 }
+
+/// A model of one worker made busy by a pushed load report, with a room.
+fn busy_with_room(w: &Upstream, room: &str) -> ServerHandle {
+    proxy(
+        2,
+        &format!(
+            "[[models]]\nname = \"m\"\nactive_decode_blocks_threshold = 0.5\n{room}\n\
+             [[models.workers]]\nurl = \"{}\"\nname = \"w\"\nkv_total_blocks = 100\nload_sources = [\"push\"]\n",
+            w.url()
+        ),
+    )
+}
+
+fn report(p: &ServerHandle, blocks: u64) {
+    let body = format!(r#"{{"worker_id":"w","active_decode_blocks":{blocks}}}"#);
+    let r = admin_post(p.admin_addr, "/load", &body);
+    assert_eq!(r.status, 200, "{}", r.text());
+}
+
+/// Every worker busy by the busy rule: a room model's request waits for one to stop
+/// being busy (the monitor nudges the room when it publishes) instead of 529 at once.
+#[test]
+fn a_waiter_binds_when_a_worker_stops_being_busy() {
+    let w = echo_upstream("w");
+    let p = busy_with_room(&w, "waiting_room_size = 4");
+    report(&p, 90);
+    let waiter = wait_in_room(&p, "waiter", 0.0);
+    assert_eq!(w.count(), 0, "nothing reached the busy worker");
+    report(&p, 10);
+    let r = waiter.join().unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["worker"], "w");
+    assert_eq!(waiting(&p), 0.0);
+    let waits = "spillway_waiting_room_wait_seconds_count{model=\"m\",class=\"standard\"}";
+    assert_eq!(gauge(&p, waits), 1.0);
+}
+
+/// Workers that stay busy past the room's timeout: the answer is theirs (the overload
+/// answer with the busy figures), not the room's timeout.
+#[test]
+fn a_wait_for_busy_workers_ends_with_their_answer() {
+    let w = echo_upstream("w");
+    let room = "waiting_room_size = 4\nwaiting_room_timeout_ms = 300";
+    let p = busy_with_room(&w, room);
+    report(&p, 90);
+    let started = Instant::now();
+    let r = once(p.data_addr, &tagged("waiter", ""));
+    let took = started.elapsed();
+    assert_eq!(r.status, 529, "{}", r.text());
+    assert_ne!(r.json()["message"], ROOM_TIMEOUT, "{}", r.text());
+    assert_eq!(r.json()["knob"], "decode_blocks", "{}", r.text());
+    assert!(took >= Duration::from_millis(300), "waited {took:?}");
+    assert_eq!(w.count(), 0);
+}
+
+/// A rollout: the model's only worker is away (its port closed). With a hold, a request
+/// waits for it to come back, trying it again each time its connect backoff ends; without
+/// one, 503 at once.
+#[test]
+fn a_rollout_hold_waits_for_a_worker_to_come_back() {
+    let gone = echo_upstream("old");
+    let addr = gone.addr;
+    drop(gone);
+    let worker = format!("[[models.workers]]\nurl = \"http://{addr}\"\nname = \"w\"\n");
+    let p = proxy(
+        2,
+        &format!(
+            "[limits]\nworker_down_backoff_ms = 50\nworker_down_backoff_max_ms = 100\n\
+             [[models]]\nname = \"m\"\nwaiting_room_size = 4\nrollout_hold_ms = 20000\n{worker}\
+             [[models]]\nname = \"nohold\"\nwaiting_room_size = 4\n{worker}"
+        ),
+    );
+    let r = once(
+        p.data_addr,
+        &post("/v1/chat/completions", r#"{"model":"nohold"}"#),
+    );
+    assert_eq!(r.status, 503, "{}", r.text());
+    let held = wait_in_room(&p, "held", 0.0);
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(waiting(&p), 1.0, "still held through several backoffs");
+    let Some(back) = upstream_on(addr, |_| {
+        Reply::Raw(json_response(200, r#"{"worker":"new"}"#))
+    }) else {
+        eprintln!("{addr} was taken meanwhile: the worker cannot come back on it");
+        return;
+    };
+    let r = held.join().unwrap();
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["worker"], "new");
+    assert_eq!(back.count(), 1);
+    assert_eq!(waiting(&p), 0.0);
+}

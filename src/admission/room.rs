@@ -119,6 +119,30 @@ impl Room {
             .sum()
     }
 
+    /// The most important class among the waiters now, if any wait (a reading).
+    pub fn first_class(&self) -> Option<Class> {
+        let i = (self.by_class.iter()).position(|n| n.load(Ordering::Acquire) > 0)?;
+        Class::ALL.get(i).copied()
+    }
+
+    /// Tells waiters to look until `n` of them are told (those told already and not
+    /// yet looking count), served first first; returns how many it told now. The
+    /// monitor's nudge (docs/behaviour.md §8.12) for a worker that became admissible
+    /// without giving a slot back: it leaves no permit, for a nudge that finds nobody
+    /// is made again at the monitor's next tick. Scans the places once per waiter told
+    /// (off the data path; allocates nothing).
+    pub fn wake(&self, n: u64) -> u64 {
+        let told = (self.places.iter())
+            .filter(|p| p.state.load(Ordering::Acquire) & STATUS == NOTIFIED)
+            .count() as u64;
+        let want = n.saturating_sub(told);
+        let mut now = 0;
+        while now < want && self.notify_best() {
+            now += 1;
+        }
+        now
+    }
+
     /// A place for a request of `class`; `None` when `cap` already wait. The waiter is
     /// due at once when nobody of its class or a more important one waited (it is first
     /// in line), or it took a permit.
@@ -382,6 +406,30 @@ mod tests {
         room.notify();
         drop(a); // notified a second time (due() not called since): passes it on
         assert!(b.due());
+    }
+
+    #[test]
+    fn a_nudge_tells_the_first_waiters_beyond_those_told_and_leaves_no_permit() {
+        let room = Room::new(4);
+        assert_eq!(room.wake(3), 0, "nobody waits: no permit either");
+        let mut old = room.enter(Class::Standard).unwrap();
+        assert!(old.due(), "entered an empty room");
+        let mut young = room.enter(Class::Standard).unwrap();
+        let mut critical = room.enter(Class::Critical).unwrap();
+        assert!(critical.due());
+        assert_eq!(room.first_class(), Some(Class::Critical));
+        assert_eq!(room.wake(1), 1);
+        assert!(critical.due() && !old.due() && !young.due());
+        room.notify(); // critical is told again by a release
+        assert_eq!(room.wake(2), 1, "one told already: one more");
+        assert!(old.due() && !young.due());
+        assert_eq!(room.wake(0), 0);
+        drop((critical, old, young));
+        assert_eq!(room.first_class(), None);
+        let mut next = room.enter(Class::Sheddable).unwrap();
+        assert!(next.due(), "an empty room");
+        let mut last = room.enter(Class::Sheddable).unwrap();
+        assert!(!last.due(), "no permit was left");
     }
 
     #[test]

@@ -177,6 +177,8 @@ pub struct FileModel {
     /// The model's waiting room: its places, and how long a request may wait there.
     pub waiting_room_size: Option<Spanned<u32>>,
     pub waiting_room_timeout_ms: Option<Spanned<u64>>,
+    /// How long a request that finds no worker available waits for one (a rollout).
+    pub rollout_hold_ms: Option<Spanned<u64>>,
     #[serde(default)]
     pub workers: Vec<FileWorker>,
     pub dns: Option<FileDns>,

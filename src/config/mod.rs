@@ -195,11 +195,13 @@ pub struct ModelConfig {
     pub waiting_room: Option<WaitingRoom>,
 }
 
-/// A model's waiting room: `size` places over all cores, each wait at most `timeout_ms`.
+/// A model's waiting room: `size` places over all cores, each wait at most `timeout_ms`;
+/// a request that finds no worker available waits up to `hold_ms` when set (a rollout).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 pub struct WaitingRoom {
     pub size: u32,
     pub timeout_ms: u64,
+    pub hold_ms: Option<u64>,
 }
 
 impl WaitingRoom {

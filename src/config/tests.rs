@@ -345,7 +345,7 @@ fn dynamo_canary_variables_give_every_model_a_canary() {
 }
 
 #[test]
-fn a_waiting_room_is_a_size_and_a_timeout() {
+fn a_waiting_room_is_a_size_a_timeout_and_a_hold() {
     let model = |keys: &str| {
         format!(
             "[[models]]\nname = \"m\"\n{keys}\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n"
@@ -356,8 +356,14 @@ fn a_waiting_room_is_a_size_and_a_timeout() {
     let room = WaitingRoom {
         size: 64,
         timeout_ms: 5_000,
+        hold_ms: None,
     };
     assert_eq!(c.models[0].waiting_room, Some(room));
+    let c = parse(&model("waiting_room_size = 8\nrollout_hold_ms = 30000")).unwrap();
+    assert_eq!(
+        c.models[0].waiting_room.and_then(|r| r.hold_ms),
+        Some(30_000)
+    );
     let c = parse(&model(
         "waiting_room_size = 1\nwaiting_room_timeout_ms = 250",
     ))
@@ -379,6 +385,14 @@ fn a_waiting_room_is_a_size_and_a_timeout() {
         (
             "waiting_room_timeout_ms = 100",
             "models[0].waiting_room_timeout_ms (line 3): the model has no waiting room: set `waiting_room_size` too",
+        ),
+        (
+            "rollout_hold_ms = 1000",
+            "models[0].rollout_hold_ms (line 3): the model has no waiting room: set `waiting_room_size` too",
+        ),
+        (
+            "waiting_room_size = 4\nrollout_hold_ms = 0",
+            "models[0].rollout_hold_ms (line 4): must be greater than 0",
         ),
         (
             "router_mode = \"direct\"\nwaiting_room_size = 4",

@@ -167,10 +167,17 @@ impl Validator<'_> {
             &m.waiting_room_timeout_ms,
             WaitingRoom::DEFAULT_TIMEOUT_MS,
         )?;
+        let hold_ms = match &m.rollout_hold_ms {
+            None => None,
+            Some(_) => Some(self.positive(&key("rollout_hold_ms"), &m.rollout_hold_ms, 0)?),
+        };
         let Some(size) = &m.waiting_room_size else {
+            let msg = "the model has no waiting room: set `waiting_room_size` too";
             if let Some(t) = &m.waiting_room_timeout_ms {
-                let msg = "the model has no waiting room: set `waiting_room_size` too";
                 return self.err(key("waiting_room_timeout_ms"), Some(t.span()), msg);
+            }
+            if let Some(h) = &m.rollout_hold_ms {
+                return self.err(key("rollout_hold_ms"), Some(h.span()), msg);
             }
             return Ok(None);
         };
@@ -187,6 +194,7 @@ impl Validator<'_> {
             n => Ok(Some(WaitingRoom {
                 size: n,
                 timeout_ms,
+                hold_ms,
             })),
         }
     }

@@ -289,7 +289,7 @@ fn admission(f: &mut Families, snap: &Snapshot) {
         series(&|g| g.occupancy().1 as f64),
     );
     let rooms = |v: &dyn Fn(&crate::admission::Room) -> f64| -> Series {
-        rooms_of(snap, &|m| m.room.as_ref().map_or(0.0, |(r, _)| v(r)))
+        rooms_of(snap, &|m| m.room.as_ref().map_or(0.0, |r| v(&r.room)))
     };
     f.gauge(
         "spillway_waiting_room_requests",

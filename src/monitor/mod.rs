@@ -14,6 +14,7 @@ mod fleet;
 mod generation;
 pub mod health;
 pub mod load;
+mod nudge;
 pub mod peers;
 mod release;
 mod report;
@@ -165,7 +166,7 @@ impl Monitor {
         if !changed && (change.left.is_empty() || self.scratch == *self.published) {
             return false;
         }
-        self.store(shared);
+        self.store(shared, snap, now);
         true
     }
 
@@ -224,13 +225,13 @@ impl Monitor {
         if self.scratch == *self.published {
             return false;
         }
-        self.store(shared);
+        self.store(shared, snap, now);
         true
     }
 
     /// The periodic pass: evaluates again only the members whose entry may have changed
-    /// by itself ([`evaluate::evaluate_due`]) and publishes when one did. Returns whether it
-    /// published.
+    /// by itself ([`evaluate::evaluate_due`]) and publishes when one did; nudges the
+    /// waiting rooms either way. Returns whether it published.
     pub fn publish_due(&mut self, shared: &Shared, snap: &Snapshot, now: u64) -> bool {
         self.publish_loads(snap, now);
         let health = self.health.pass(snap, now, &mut self.scratch);
@@ -241,9 +242,11 @@ impl Monitor {
             recheck: &mut self.recheck,
         };
         if !evaluate::evaluate_due(snap, &self.table, rule, now, &mut self.scratch) && !health {
+            // Holds and backoffs end by the clock: the rooms are nudged on each tick.
+            nudge::nudge(snap, &self.published, now);
             return false;
         }
-        self.store(shared);
+        self.store(shared, snap, now);
         true
     }
 
@@ -278,7 +281,7 @@ impl Monitor {
         ) {
             return false;
         }
-        self.store(shared);
+        self.store(shared, snap, now);
         true
     }
 
@@ -288,12 +291,13 @@ impl Monitor {
         if !self.health.pass(snap, now, &mut self.scratch) {
             return false;
         }
-        self.store(shared);
+        self.store(shared, snap, now);
         true
     }
 
-    /// Publishes `scratch` as the next generation to every core's replica.
-    fn store(&mut self, shared: &Shared) {
+    /// Publishes `scratch` as the next generation to every core's replica, then nudges
+    /// the waiting rooms by it (`nudge.rs`).
+    fn store(&mut self, shared: &Shared, snap: &Snapshot, now: u64) {
         let mut next = self.scratch.clone();
         next.generation = self.published.generation + 1;
         let next = Arc::new(next);
@@ -302,6 +306,7 @@ impl Monitor {
         }
         self.published = next;
         self.publishes += 1;
+        nudge::nudge(snap, &self.published, now);
     }
 
     /// Stores in each worker's shared state, where `kv` routing reads it, the load its

@@ -75,7 +75,7 @@ impl ReleaseRates {
             gate.pace().set(rate.step(gate.released(), waiting, now_ms));
         }
         for m in &snap.models {
-            let Some((room, _)) = &m.room else {
+            let Some(room) = m.room.as_ref().map(|r| &r.room) else {
                 continue;
             };
             let released = (m.members.iter())

@@ -18,7 +18,7 @@ use super::guards::{InStage, Inflight, RetryPlace};
 use super::log::ClosedBy;
 use super::pick::{Excluded, Unpicked, pick};
 use super::response::failed;
-use super::room::{Unbound, bind};
+use super::room::{Stay, Unbound, bind};
 use crate::http::limits::{INITIAL_READ_BUF, MAX_WORKER_ID_LEN};
 use crate::route::RouterMode;
 use crate::runtime::clock;
@@ -155,9 +155,17 @@ struct Tries<'m> {
     retry: Option<RetryPlace<'m>>,
     /// The last failure retried: the client's answer when no worker is left to try.
     last_failure: Option<AttemptError>,
+    /// Its time in the model's waiting room so far.
+    stay: Stay,
 }
 
 impl Tries<'_> {
+    /// Whether the request may (still) wait in its model's room: no worker refused it
+    /// and none failed once it had it (a connect failure sent nothing: it may).
+    fn may_wait(&self) -> bool {
+        !self.excluded.any_refused() && self.last_failure.is_none()
+    }
+
     /// Whether the request may still move to another worker: `migration_limit` (for
     /// migrations and retries together) not spent, and not direct routing.
     fn may_move(&self, snap: &Snapshot, model: &Model) -> bool {
@@ -195,17 +203,14 @@ async fn attempts(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, stage: &mut InStage<
         stage.set(Some(Stage::Route));
         let now = clock::now_ms();
         let (id, excluded) = (worker_id.get(), tries.excluded);
-        let picked = match pick(ctx, &ex.req, id, ex.prompt(), excluded, now) {
-            Ok(p) => p,
-            Err(none) => return unpicked(none, &tries),
-        };
-        // A first try of a model with a waiting room may wait there for any worker.
-        let room = (model.room.as_ref())
-            .filter(|_| !tries.excluded.any())
-            .map(|(room, timeout)| (&**room, *timeout));
-        let (picked, held) = match room {
-            None => (picked, None),
-            Some(room) => match bind(ctx, ex, picked, room).await {
+        let picked = pick(ctx, &ex.req, id, ex.prompt(), excluded, now);
+        // A model's waiting room takes a request that no worker refused and none failed
+        // once it had it: it may wait there for any worker.
+        let room = model.room.as_ref().filter(|_| tries.may_wait());
+        let (picked, held) = match (picked, room) {
+            (Ok(picked), None) => (picked, None),
+            (Err(none), None) => return unpicked(none, &tries),
+            (picked, Some(room)) => match bind(ctx, ex, picked, room, &mut tries.stay).await {
                 Ok(bound) => (bound.picked, Some(bound.slot)),
                 Err(Unbound::Unpicked(none)) => return unpicked(none, &tries),
                 Err(Unbound::Ended(e)) => return ended(ctx, ex, e),

@@ -43,6 +43,10 @@ impl Excluded {
     pub(super) fn any(&self) -> bool {
         self.failed | self.refused != 0
     }
+
+    pub(super) fn any_refused(&self) -> bool {
+        self.refused != 0
+    }
 }
 
 /// A member picked for an attempt.

@@ -1,24 +1,28 @@
 //! Stage: the model's waiting room (docs/behaviour.md §8.12), between the pick and the
 //! attempt. A model with a room never queues at a worker's gate: a request whose picked
 //! worker has no free slot looks at the model's other eligible workers and, finding none,
-//! waits in the room while the client is watched. Each time it is due
-//! (`admission/room.rs`) it looks again and binds to the worker the router picks among
-//! those with a free slot (late binding). It leaves with a slot, or refused: the room full
-//! (`queue_full`), its wait over or predicted past its end (`queue_timeout`), the
-//! client's budget spent (`deadline`); or with the pick's own answer when every worker
-//! turned busy or unreachable meanwhile.
+//! waits in the room while the client is watched. So does one the pick could not place
+//! because every worker is busy or held, and, with a rollout hold, one that found no
+//! worker available. Each time it is due (`admission/room.rs`: a slot came back, or the
+//! monitor saw a worker become admissible) it looks again and binds to the worker the
+//! router picks among those with a free slot (late binding). It leaves with a slot, or
+//! refused: the room full (`queue_full`), its wait over or predicted past its end
+//! (`queue_timeout`, or the pick's own answer when the workers stayed busy or away), the
+//! client's budget spent (`deadline`).
 
 use std::time::{Duration, Instant};
 
 use super::admit::{Budget, Slot};
 use super::core::CoreCtx;
-use super::error::{AttemptError, Refusal};
+use super::error::{AttemptError, Refusal, RequestError};
 use super::exchange::Exchange;
 use super::pick::{Excluded, Picked, Unpicked, pick};
 use super::watch::{Interrupt, watched};
 use crate::admission::{Room, Waiter};
+use crate::config::WaitingRoom;
 use crate::runtime::clock;
 use crate::shed::{Knob, Why};
+use crate::state::ModelRoom;
 use crate::state::counters::ROOM_WAIT_BUCKETS;
 
 /// A request bound to a worker: its member and a slot there.
@@ -31,7 +35,8 @@ pub(super) struct Bound<'s> {
 pub(super) enum Unbound<'s> {
     /// Refused, or the client left: the attempt's error, which ends the request.
     Ended(AttemptError),
-    /// No worker may take it now (all busy or unreachable): the pick's answer.
+    /// No worker may take it (busy, held or away) and it may wait no longer, or not at
+    /// all: the pick's answer.
     Unpicked(Unpicked<'s>),
 }
 
@@ -43,35 +48,72 @@ enum Look<'s> {
     Unpicked(Unpicked<'s>),
 }
 
-/// A slot for the request at `first` (the member just picked) or at any eligible member,
-/// now or after a wait in `room` of at most `timeout_ms` (less when the client's budget
-/// ends first). Joins the room at once behind waiters of its class or more important ones.
+/// When a request's time in the room ends, over all its entries (a request may enter
+/// again after a connect failure, §8.12): `since` its first entry, the room's timeout,
+/// or its rollout hold once it found no worker available, whichever ends later.
+#[derive(Debug, Default, Clone, Copy)]
+pub(super) struct Stay {
+    since: Option<Instant>,
+    /// It found no worker available at some point (the hold applies).
+    held: bool,
+}
+
+impl Stay {
+    fn end(&self, since: Instant, settings: &WaitingRoom) -> Instant {
+        let hold = settings.hold_ms.filter(|_| self.held).unwrap_or(0);
+        since + Duration::from_millis(settings.timeout_ms.max(hold))
+    }
+}
+
+/// Whether a request the router could not place may wait in the room for that to change:
+/// every worker busy or held (the overload answers) always; none available only with a
+/// rollout hold. Notes the hold on `stay`.
+fn may_wait(none: &Unpicked<'_>, settings: &WaitingRoom, stay: &mut Stay) -> bool {
+    match none.answer {
+        RequestError::Overloaded(_) | RequestError::Refused(..) => true,
+        RequestError::Unavailable if settings.hold_ms.is_some() => {
+            stay.held = true;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// A slot for the request at the member just picked (`first`) or at any eligible
+/// member, now or after a wait in the model's room; or, when the pick found none
+/// (`first` is its answer), after a wait for one to become admissible when that answer
+/// may change. Joins the room at once behind waiters of its class or more important ones.
 pub(super) async fn bind<'s>(
     ctx: &CoreCtx,
     ex: &mut Exchange<'_, 's>,
-    first: Picked,
-    (room, timeout_ms): (&'s Room, u64),
+    first: Result<Picked, Unpicked<'s>>,
+    room: &'s ModelRoom,
+    stay: &mut Stay,
 ) -> Result<Bound<'s>, Unbound<'s>> {
-    // Nobody of its class or a more important one waits: the picked worker's free slot
-    // is its own (one waiter of a less important class cannot take, say for its share).
-    if room.waiting_ahead(ex.req.class) == 0 {
-        let worker = &ex.req.snap.workers[ex.req.model.members[first.member].worker as usize];
-        if let Some(gate) = worker.gate.as_deref() {
-            if let Some(t) = gate.try_take(ex.req.class) {
-                let slot = Slot::new(worker, Some(t));
+    let (settings, room) = (&room.settings, &*room.room);
+    let last = match first {
+        Err(none) if !may_wait(&none, settings, stay) => return Err(Unbound::Unpicked(none)),
+        Err(none) => Some(none),
+        // Nobody of its class or a more important one waits: the picked worker's free
+        // slot is its own (one waiter of a less important class cannot take, say for its
+        // share).
+        Ok(first) if room.waiting_ahead(ex.req.class) == 0 => {
+            let worker = &ex.req.snap.workers[ex.req.model.members[first.member].worker as usize];
+            let ticket = match worker.gate.as_deref() {
+                None => Some(None),
+                Some(gate) => gate.try_take(ex.req.class).map(Some),
+            };
+            if let Some(ticket) = ticket {
+                let slot = Slot::new(worker, ticket);
                 return Ok(Bound {
                     picked: first,
                     slot,
                 });
             }
-        } else {
-            let slot = Slot::new(worker, None);
-            return Ok(Bound {
-                picked: first,
-                slot,
-            });
+            None
         }
-    }
+        Ok(_) => None,
+    };
     let Some(waiter) = room.enter(ex.req.class) else {
         let why = room_figures(Knob::QueueFull, room.waiting(), room.capacity().into());
         let retry_after = retry_after(room);
@@ -79,7 +121,8 @@ pub(super) async fn bind<'s>(
         return Err(Unbound::Ended(refused));
     };
     let started = clock::now();
-    let result = wait(ctx, ex, waiter, started, timeout_ms).await;
+    let since = *stay.since.get_or_insert(started);
+    let result = wait(ctx, ex, waiter, (since, settings), stay, last).await;
     let waited = clock::since(started);
     ex.trail.queue += waited;
     let cells = &ex.req.model.metrics.cores[ctx.id];
@@ -88,61 +131,73 @@ pub(super) async fn bind<'s>(
     result
 }
 
-/// The wait in the room, from entry to a slot or a refusal.
+/// The wait in the room, from entry to a slot or a refusal. `last` is why the router
+/// could not place the request when it last looked (none when it found slots full).
 async fn wait<'s>(
     ctx: &CoreCtx,
     ex: &mut Exchange<'_, 's>,
     mut waiter: Waiter<'s>,
-    started: Instant,
-    timeout_ms: u64,
+    (since, settings): (Instant, &WaitingRoom),
+    stay: &mut Stay,
+    mut last: Option<Unpicked<'s>>,
 ) -> Result<Bound<'s>, Unbound<'s>> {
     let budget = (ex.req.budget_ms).map(|ms| Budget {
         from: ex.req.started,
         ms,
     });
-    let mut end = started + Duration::from_millis(timeout_ms);
-    let by_budget = budget.filter(|b| b.end() < end);
-    if let Some(b) = by_budget {
-        end = b.end();
-    }
-    // Its turn predicted past its end: refused now rather than at its end.
-    let room = waiter.room();
-    let pace = room.pace();
-    let predicted = pace.predicted_wait_ms(waiter.position());
-    let turn = predicted.map_or(started, |ms| started + Duration::from_millis(ms));
-    let refuse = |at: Instant, predicted: Option<u64>| match by_budget {
-        Some(b) => b.spent(at),
-        None => {
-            let waited = predicted.unwrap_or_else(|| clock::since(started).as_millis() as u64);
-            let why = room_figures(Knob::QueueTimeout, waited, timeout_ms);
-            let retry_after = retry_after(room);
-            AttemptError::Refused(Refusal::RoomTimeout { retry_after }, Some(why))
+    let end_by = |stay: &Stay| {
+        let end = stay.end(since, settings);
+        match budget.filter(|b| b.end() < end) {
+            Some(b) => (b.end(), Some(b)),
+            None => (end, None),
         }
     };
-    let early = end <= turn;
+    // Its turn predicted past its end: refused now rather than at its end (not while it
+    // waits for workers to come back, which no release rate predicts).
+    let room = waiter.room();
+    let predicted = (room.pace().predicted_wait_ms(waiter.position())).filter(|_| !stay.held);
+    let turn = predicted.map(|ms| clock::now() + Duration::from_millis(ms));
+    let refuse = |at: Instant, by_budget: Option<Budget>, predicted: Option<u64>| {
+        if let Some(b) = by_budget {
+            return Unbound::Ended(b.spent(at));
+        }
+        let waited = predicted.unwrap_or_else(|| clock::since(since).as_millis() as u64);
+        let why = room_figures(Knob::QueueTimeout, waited, settings.timeout_ms);
+        let retry_after = retry_after(room);
+        let refused = AttemptError::Refused(Refusal::RoomTimeout { retry_after }, Some(why));
+        Unbound::Ended(refused)
+    };
     loop {
         if waiter.due() {
             match look(ctx, ex) {
                 Look::Bound(b) => return Ok(b),
-                Look::Unpicked(u) => return Err(Unbound::Unpicked(u)),
-                Look::Full => continue,
+                Look::Full => last = None,
+                Look::Unpicked(none) if may_wait(&none, settings, stay) => last = Some(none),
+                Look::Unpicked(none) => return Err(Unbound::Unpicked(none)),
             }
         }
-        if early {
+        let (end, by_budget) = end_by(stay);
+        if let Some(turn) = turn.filter(|&t| end <= t && !stay.held) {
             ex.req.model.metrics.cores[ctx.id].room_predicted();
-            return Err(Unbound::Ended(refuse(turn, predicted)));
+            return Err(refuse(turn, by_budget, predicted));
         }
         match watched(waiter.notified(), &mut ex.reader, end).await {
             Ok(()) => {}
             Err(Interrupt::ClientGone) => return Err(Unbound::Ended(AttemptError::ClientGone)),
             Err(Interrupt::Timeout | Interrupt::Abandoned) => {
                 // A turn that came with the end goes ahead.
-                if waiter.due()
-                    && let Look::Bound(b) = look(ctx, ex)
-                {
-                    return Ok(b);
+                if waiter.due() {
+                    match look(ctx, ex) {
+                        Look::Bound(b) => return Ok(b),
+                        Look::Full => last = None,
+                        Look::Unpicked(none) => last = Some(none),
+                    }
                 }
-                return Err(Unbound::Ended(refuse(clock::now(), None)));
+                // Workers that stayed busy, held or away: the router's answer says so.
+                return Err(match (last, by_budget) {
+                    (Some(none), None) => Unbound::Unpicked(none),
+                    _ => refuse(clock::now(), by_budget, None),
+                });
             }
         }
     }

@@ -8,7 +8,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::counters::ModelMetrics;
-use super::snapshot::{KvRouting, Member, Model, Responses, Snapshot, Worker};
+use super::snapshot::{KvRouting, Member, Model, ModelRoom, Responses, Snapshot, Worker};
 use super::worker::WorkerState;
 use crate::admission::{Gate, Room, class_slots};
 use crate::config::{Addrs, Classes, Config, ModelConfig, WorkerConfig};
@@ -100,7 +100,7 @@ impl Registry {
         for (i, w) in workers.iter_mut().enumerate() {
             w.rooms = (models.iter())
                 .filter(|m| m.members.iter().any(|p| p.worker as usize == i))
-                .filter_map(|m| m.room.as_ref().map(|(r, _)| r.clone()))
+                .filter_map(|m| m.room.as_ref().map(|r| r.room.clone()))
                 .collect();
         }
         self.forget_removed(&config);
@@ -210,7 +210,7 @@ impl Registry {
 
     /// A model's room survives a reload that keeps its size (its waiters stay in line);
     /// a new size starts a new room (those waiting in the old one finish there).
-    fn room(&mut self, m: &ModelConfig) -> Option<(Arc<Room>, u64)> {
+    fn room(&mut self, m: &ModelConfig) -> Option<ModelRoom> {
         let Some(settings) = m.waiting_room else {
             self.rooms.remove(&m.name);
             return None;
@@ -223,7 +223,7 @@ impl Registry {
                 r
             }
         };
-        Some((room, settings.timeout_ms))
+        Some(ModelRoom { room, settings })
     }
 
     /// A `kv` model's index survives a reload that keeps what shapes it; otherwise it

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::counters::ModelMetrics;
 use super::worker::WorkerState;
 use crate::admission::{Gate, Room};
-use crate::config::{Config, WorkerConfig};
+use crate::config::{Config, WaitingRoom, WorkerConfig};
 use crate::http::canned::{Canned, messages};
 use crate::route::cache::PredictedCache;
 use crate::route::{KvSettings, RouterMode};
@@ -66,8 +66,16 @@ pub struct Model {
     /// the interval long makes a silent worker suspect, and a suspicion no check clears
     /// within the timeout ends the waits on it.
     pub stall_check_ms: Option<(u64, u64)>,
-    /// Its waiting room and the longest wait there (docs/behaviour.md §8.12).
-    pub room: Option<(Arc<Room>, u64)>,
+    /// Its waiting room and how long requests may wait there (docs/behaviour.md §8.12).
+    pub room: Option<ModelRoom>,
+}
+
+/// A model's waiting room, shared by every core and kept across reloads that keep its
+/// size, with the waits the model allows there.
+#[derive(Debug)]
+pub struct ModelRoom {
+    pub room: Arc<Room>,
+    pub settings: WaitingRoom,
 }
 
 /// A `kv` model's routing state, kept across reloads while its members, their capacities
