@@ -2,7 +2,8 @@
 //! find every gate of the model full wait in the room and look again when notified; each
 //! request that ends gives its slot back and notifies the room, as `proxy/guards.rs` does.
 //! Every interleaving (up to the preemption bound) of a few requests at one or two gates,
-//! including waiters that leave while notified. Run with
+//! including waiters that leave while notified and a waiter a more important request
+//! evicts. Run with
 //! `RUSTFLAGS="--cfg loom" LOOM_MAX_PREEMPTIONS=3 cargo test --release --test loom_room`
 //! (.ci/run does).
 //!
@@ -38,6 +39,8 @@ struct Shared {
     limit: usize,
     running: Vec<AtomicUsize>,
     waiting: AtomicUsize,
+    /// Evictions the scenario allows for.
+    evictions: usize,
 }
 
 impl Shared {
@@ -48,6 +51,7 @@ impl Shared {
             limit: limit as usize,
             running: (0..gates).map(|_| AtomicUsize::new(0)).collect(),
             waiting: AtomicUsize::new(0),
+            evictions: 0,
         })
     }
 
@@ -72,18 +76,32 @@ impl Shared {
 
     /// One request: a free slot, else the room.
     fn request(&self, plan: Plan) {
+        self.request_as(plan, Class::Standard)
+    }
+
+    /// One request of `class`; one evicted from the room leaves.
+    fn request_as(&self, plan: Plan, class: Class) {
         if let Some((i, t)) = self.look() {
             return self.run(i, t);
         }
-        let Some(mut waiter) = self.room.enter(Class::Standard) else {
+        let Some(mut waiter) = self.room.enter(class) else {
             return;
         };
         let w = self.waiting.fetch_add(1, Ordering::SeqCst) + 1;
+        let cap = self.room.capacity() as usize;
         assert!(
-            w <= self.room.capacity() as usize,
+            self.room.waiting() as usize <= cap,
+            "more than the room's cap"
+        );
+        // An evicted waiter counts here until it sees it: one per eviction under way.
+        assert!(
+            w <= cap + self.evictions,
             "more than the room's cap waiting"
         );
         let found = loop {
+            if waiter.evicted() {
+                break None;
+            }
             if waiter.due() {
                 if let Some(found) = self.look() {
                     break Some(found);
@@ -143,6 +161,27 @@ fn model(gates: usize, limit: u32, room: u32, held: usize, plans: &'static [Plan
     });
 }
 
+/// [`model`] with requests of classes: `(plan, class)` each; a full room may evict.
+fn model_classes(room: u32, plans: &'static [(Plan, Class)]) {
+    loom::model(move || {
+        let mut s = Shared::new(1, 1, room);
+        Arc::get_mut(&mut s).unwrap().evictions = plans.len();
+        let held = s.gates[0].try_take(Class::Standard).unwrap();
+        let requests: Vec<_> = plans
+            .iter()
+            .map(|&(plan, class)| {
+                let s = s.clone();
+                thread::spawn(move || s.request_as(plan, class))
+            })
+            .collect();
+        s.end(held);
+        for t in requests {
+            t.join().unwrap();
+        }
+        s.assert_empty();
+    });
+}
+
 use Plan::{Run, TimeOut};
 
 /// A slot comes back while a request enters the room: it finds it, or is notified.
@@ -174,4 +213,12 @@ fn two_gates_two_releases_one_waiter() {
 #[test]
 fn one_gate_room_of_one_two_requests() {
     model(1, 1, 1, 1, &[Run, Run]);
+}
+
+/// A full room of one: a critical request evicts the sheddable waiter (or finds the slot,
+/// or waits behind nobody) while the slot comes back; the evicted one leaves, nobody is
+/// stranded, and the room's count stays exact.
+#[test]
+fn a_critical_request_evicts_a_sheddable_waiter() {
+    model_classes(1, &[(Run, Class::Sheddable), (Run, Class::Critical)]);
 }

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 const ROOM_FULL: &str =
     "Server overloaded: every worker of the model is at capacity and its waiting room is full";
+const ROOM_EVICTED: &str =
+    "Server overloaded: request evicted from the model's full waiting room by a more important one";
 const ROOM_TIMEOUT: &str = "Server overloaded: request rejected after waiting in the model's waiting room past its timeout";
 
 /// A model of held workers with one slot each and no queue of their own, and a room.
@@ -225,6 +227,48 @@ fn a_more_important_request_is_not_behind_a_less_important_waiter() {
     }
     let seen: Vec<String> = w.up.seen().iter().map(|s| s.body_str()).collect();
     assert!(seen[1].contains("\"standard\""), "{seen:?}");
+}
+
+/// A full room makes way for a more important request: the youngest sheddable waiter is
+/// evicted (knob `evicted`, its own message), the critical one takes its place and the
+/// next slot; a request with nobody less important to evict is refused as before.
+#[test]
+fn a_critical_request_evicts_the_youngest_sheddable_waiter() {
+    let w = Held::new("w");
+    let p = with_room(2, &[&w], "waiting_room_size = 2");
+    let running = spawn_request(p.data_addr, tagged("running", ""));
+    eventually("running", Duration::from_secs(5), || w.up.count() == 1);
+    let class = |c: &str| format!("x-spillway-class: {c}\r\n");
+    let old = spawn_request(p.data_addr, tagged("old", &class("sheddable")));
+    eventually("old waits", Duration::from_secs(5), || waiting(&p) == 1.0);
+    let young = spawn_request(p.data_addr, tagged("young", &class("sheddable")));
+    eventually("young waits", Duration::from_secs(5), || waiting(&p) == 2.0);
+    let refused = once(p.data_addr, &tagged("refused", &class("sheddable")));
+    assert_eq!(refused.json()["knob"], "queue_full", "{}", refused.text());
+    let critical = spawn_request(p.data_addr, tagged("critical", &class("critical")));
+    let young = young.join().unwrap();
+    assert_eq!(young.status, 529, "{}", young.text());
+    assert_eq!(young.json()["knob"], "evicted", "{}", young.text());
+    assert_eq!(young.json()["message"], ROOM_EVICTED);
+    assert_eq!(young.json()["setting"], "waiting_room_size");
+    assert_eq!(young.json()["class"], "sheddable");
+    assert!(young.header("retry-after").is_some());
+    assert_eq!(waiting(&p), 2.0, "the critical one took its place");
+    let evicted = "spillway_refusals_total{model=\"m\",knob=\"evicted\",class=\"sheddable\"}";
+    assert_eq!(gauge(&p, evicted), 1.0);
+    w.release(1);
+    eventually("critical runs", Duration::from_secs(5), || {
+        w.up.count() == 2
+    });
+    w.release(2);
+    let critical = critical.join().unwrap();
+    assert_eq!(critical.status, 200, "{}", critical.text());
+    assert!(w.up.seen()[1].body_str().contains("\"critical\""));
+    eventually("old runs", Duration::from_secs(5), || w.up.count() == 3);
+    w.release(3);
+    for r in [running, old] {
+        assert_eq!(r.join().unwrap().status, 200);
+    }
 }
 
 /// A room refusal's `Retry-After` is the wait the room predicts for a newcomer once its

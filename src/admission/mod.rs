@@ -57,7 +57,7 @@ mod room;
 #[cfg(all(test, not(loom)))]
 mod tests;
 
-pub use room::{Notified, ROOM_FULL, ROOM_TIMEOUT, Room, Waiter};
+pub use room::{Notified, ROOM_EVICTED, ROOM_FULL, ROOM_TIMEOUT, Room, Waiter};
 
 use std::future::Future;
 use std::pin::Pin;

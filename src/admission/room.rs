@@ -18,6 +18,13 @@
 //! - the note: set by a waiter that arrived while a notification was under way and found no
 //!   permit. The notifier that clears it looks again, so that waiter is not missed.
 //!
+//! A full room makes way for a more important request: it evicts the youngest waiter of
+//! the least important class below the newcomer's that is waiting (not notified), marking
+//! its place EVICTED and waking it. The evicted waiter's count in `l` goes to the
+//! newcomer, so the size stays exact; its place frees when it leaves. At most `SPARE`
+//! evicted waiters are on their way out at once, the places the room has beyond its size,
+//! so a newcomer always finds a free place.
+//!
 //! No lost notification: a release writes the gate's word, then the room's. A waiter is
 //! WAITING (or NOTIFIED) from its claim until it leaves, and every look writes each gate's
 //! word it reads. So either the waiter's look follows the release on that gate's word
@@ -39,9 +46,17 @@ use crate::shed::Class;
 pub const ROOM_FULL: &str =
     "Server overloaded: every worker of the model is at capacity and its waiting room is full";
 pub const ROOM_TIMEOUT: &str = "Server overloaded: request rejected after waiting in the model's waiting room past its timeout";
+pub const ROOM_EVICTED: &str =
+    "Server overloaded: request evicted from the model's full waiting room by a more important one";
 
 /// A place whose waiter is due to look: a notification it has not yet taken.
 const NOTIFIED: u64 = 2;
+/// A place whose waiter a more important request evicted: its count in the room went to
+/// that request, and the place frees when the waiter leaves.
+const EVICTED: u64 = 3;
+/// Evictions under way at most (evicted waiters that have not left yet): the places a
+/// room has beyond its size.
+const SPARE: u32 = 16;
 
 const BITS: u32 = 21;
 const MASK: u64 = (1 << BITS) - 1;
@@ -69,16 +84,20 @@ pub struct Room {
     pace: Pace,
     /// Requests that entered so far (statistics outside the invariants).
     entered: std::sync::atomic::AtomicU64,
+    /// Evicted waiters that have not left yet (at most the spare places).
+    evicting: AtomicU64,
+    spare: u64,
 }
 
 impl Room {
     /// A room for `cap` waiters (at least one, below 2^20).
     pub fn new(cap: u32) -> Room {
         let cap = cap.clamp(1, MAX_LIMIT);
+        let spare = cap.min(SPARE);
         Room {
             cap,
             word: CachePadded::new(AtomicU64::new(0)),
-            places: (0..cap)
+            places: (0..cap + spare)
                 .map(|_| Place {
                     state: AtomicU64::new(FREE),
                     waker: AtomicWaker::new(),
@@ -88,6 +107,8 @@ impl Room {
             by_class: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
             pace: Pace::default(),
             entered: std::sync::atomic::AtomicU64::new(0),
+            evicting: AtomicU64::new(0),
+            spare: spare.into(),
         }
     }
 
@@ -143,16 +164,20 @@ impl Room {
         now
     }
 
-    /// A place for a request of `class`; `None` when `cap` already wait. The waiter is
-    /// due at once when nobody of its class or a more important one waited (it is first
-    /// in line), or it took a permit.
+    /// A place for a request of `class`; when `cap` already wait, the place of the
+    /// youngest waiter of the least important class below `class`, which is evicted;
+    /// `None` when there is none. The waiter is due at once when nobody of its class or
+    /// a more important one waited (it is first in line), or it took a permit.
     pub fn enter(&self, class: Class) -> Option<Waiter<'_>> {
         let cap = u64::from(self.cap);
-        let before = (self.word)
-            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-                (counts(w).0 < cap).then_some(w + L1)
-            })
-            .ok()?;
+        let reserved = (self.word).fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+            (counts(w).0 < cap).then_some(w + L1)
+        });
+        let empty = match reserved {
+            Ok(before) => counts(before).0 == 0,
+            Err(_) if self.evict(class) => false,
+            Err(_) => return None,
+        };
         (self.entered).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let ahead = self.waiting_ahead(class);
         self.by_class[class.index()].fetch_add(1, Ordering::AcqRel);
@@ -162,9 +187,41 @@ impl Room {
             room: self,
             index: place.index,
             state: place.state,
-            due: counts(before).0 == 0 || ahead == 0 || permit,
+            due: empty || ahead == 0 || permit,
             position: ahead + 1,
         })
+    }
+
+    /// Evicts the youngest waiter of the least important class below `class` that is
+    /// waiting (not notified), taking over its count: true when it did. At most `spare`
+    /// evicted waiters are on their way out at once, so a place is always free to claim.
+    fn evict(&self, class: Class) -> bool {
+        let spare = self.spare;
+        let took = (self.evicting).fetch_update(Ordering::AcqRel, Ordering::Acquire, |e| {
+            (e < spare).then_some(e + 1)
+        });
+        if took.is_err() {
+            return false;
+        }
+        loop {
+            let victim = (self.places.iter().enumerate())
+                .map(|(i, p)| (i, p.state.load(Ordering::Acquire)))
+                .filter(|&(_, s)| s & STATUS == WAITING && class_of(s) > class.index())
+                .reduce(|a, b| if served_before(a.1, b.1) { b } else { a });
+            let Some((i, s)) = victim else {
+                self.evicting.fetch_sub(1, Ordering::AcqRel);
+                return false;
+            };
+            let place = &self.places[i];
+            let evicted = s - WAITING + EVICTED;
+            if (place.state)
+                .compare_exchange(s, evicted, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+            {
+                place.waker.wake();
+                return true;
+            }
+        }
     }
 
     /// A waiter just claimed its place: takes a permit if one is left (true), else notes
@@ -255,6 +312,9 @@ impl<'r> Waiter<'r> {
     /// True when the waiter should look at the gates now (and takes the reason): it
     /// entered an empty room, took a permit, or was notified since it last looked.
     pub fn due(&mut self) -> bool {
+        if self.evicted() {
+            return false;
+        }
         if std::mem::take(&mut self.due) {
             return true;
         }
@@ -263,7 +323,7 @@ impl<'r> Waiter<'r> {
         (place.compare_exchange(notified, self.state, Ordering::AcqRel, Ordering::Acquire)).is_ok()
     }
 
-    /// Resolves when the waiter is notified.
+    /// Resolves when the waiter is notified or evicted.
     pub fn notified(&self) -> Notified<'_, '_> {
         Notified { waiter: self }
     }
@@ -278,6 +338,12 @@ impl<'r> Waiter<'r> {
         self.position
     }
 
+    /// True when a more important request evicted this waiter: it must leave.
+    pub fn evicted(&self) -> bool {
+        let s = self.room.places[self.index].state.load(Ordering::Acquire);
+        s == self.state - WAITING + EVICTED
+    }
+
     fn is_notified(&self) -> bool {
         let s = self.room.places[self.index].state.load(Ordering::Acquire);
         s == self.state - WAITING + NOTIFIED
@@ -290,6 +356,14 @@ impl Drop for Waiter<'_> {
         room.by_class[class_of(self.state)].fetch_sub(1, Ordering::AcqRel);
         let before = room.places[self.index].state.swap(FREE, Ordering::AcqRel);
         let unused = self.due || before & STATUS == NOTIFIED;
+        if before & STATUS == EVICTED {
+            // Its count went to the request that evicted it.
+            room.evicting.fetch_sub(1, Ordering::AcqRel);
+            if unused {
+                room.notify();
+            }
+            return;
+        }
         let _ = room
             .word
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
@@ -304,7 +378,7 @@ impl Drop for Waiter<'_> {
     }
 }
 
-/// Future of [`Waiter::notified`].
+/// Future of [`Waiter::notified`]: ready when the waiter is due or evicted.
 #[derive(Debug)]
 pub struct Notified<'w, 'r> {
     waiter: &'w Waiter<'r>,
@@ -316,7 +390,9 @@ impl Future for Notified<'_, '_> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let waiter = self.waiter;
         let place = &waiter.room.places[waiter.index];
-        place.poll_until(cx, || waiter.due || waiter.is_notified())
+        place.poll_until(cx, || {
+            waiter.due || waiter.is_notified() || waiter.evicted()
+        })
     }
 }
 
@@ -430,6 +506,84 @@ mod tests {
         assert!(next.due(), "an empty room");
         let mut last = room.enter(Class::Sheddable).unwrap();
         assert!(!last.due(), "no permit was left");
+    }
+
+    #[test]
+    fn a_full_room_evicts_the_youngest_of_the_least_important_class_below() {
+        let room = Room::new(3);
+        let mut old = room.enter(Class::Sheddable).unwrap();
+        assert!(old.due());
+        let mut young = room.enter(Class::Sheddable).unwrap();
+        let mut standard = room.enter(Class::Standard).unwrap();
+        assert!(standard.due());
+        let mut critical = room.enter(Class::Critical).unwrap();
+        assert!(critical.due(), "first of its class");
+        assert!(
+            young.evicted() && !young.due(),
+            "the youngest sheddable one"
+        );
+        assert!(!old.evicted() && !standard.evicted());
+        assert_eq!(room.waiting(), 3, "its count went to the newcomer");
+        let other = room.enter(Class::Standard).unwrap();
+        assert!(old.evicted(), "then the other sheddable one");
+        assert!(
+            room.enter(Class::Sheddable).is_none(),
+            "nobody below sheddable"
+        );
+        assert!(
+            room.enter(Class::Standard).is_none(),
+            "nobody below standard left"
+        );
+        drop((young, old));
+        assert_eq!(room.waiting(), 3);
+        drop((standard, critical, other));
+        assert_eq!(room.waiting(), 0);
+        let mut next = room.enter(Class::Standard).unwrap();
+        assert!(next.due(), "an empty room, every place free again");
+    }
+
+    #[test]
+    fn a_notified_waiter_is_not_evicted_and_an_evicted_one_passes_its_turn_on() {
+        let room = Room::new(2);
+        let mut first = room.enter(Class::Sheddable).unwrap();
+        assert!(first.due());
+        let second = room.enter(Class::Sheddable).unwrap();
+        room.notify();
+        let critical = room.enter(Class::Critical).unwrap();
+        assert!(!first.evicted() && second.evicted(), "first was notified");
+        assert!(first.due());
+        drop((first, second, critical));
+        let room = Room::new(2);
+        let x = room.enter(Class::Sheddable).unwrap(); // due: entered an empty room
+        let mut y = room.enter(Class::Standard).unwrap();
+        assert!(y.due());
+        let mut c = room.enter(Class::Critical).unwrap();
+        assert!(x.evicted());
+        assert!(c.due() && !c.due());
+        drop(x); // evicted before it looked: its turn goes on, to the first waiter
+        assert!(c.due() && !y.due());
+    }
+
+    #[test]
+    fn evictions_under_way_are_bounded_by_the_spare_places() {
+        let room = Room::new(20);
+        let sheddable: Vec<_> = (0..20)
+            .map(|_| room.enter(Class::Sheddable).unwrap())
+            .collect();
+        let critical: Vec<_> = (0..16)
+            .map(|_| room.enter(Class::Critical).unwrap())
+            .collect();
+        assert_eq!(sheddable.iter().filter(|w| w.evicted()).count(), 16);
+        assert!(
+            room.enter(Class::Critical).is_none(),
+            "16 evicted waiters still on their way out"
+        );
+        let mut sheddable = sheddable;
+        let gone = sheddable.iter().position(|w| w.evicted()).unwrap();
+        sheddable.remove(gone);
+        assert!(room.enter(Class::Critical).is_some(), "one left: one more");
+        drop((sheddable, critical));
+        assert_eq!(room.waiting(), 0);
     }
 
     #[test]

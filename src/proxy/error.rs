@@ -8,7 +8,9 @@
 
 use std::borrow::Cow;
 
-use crate::admission::{AT_CAPACITY, DEADLINE, QUEUE_TIMEOUT, ROOM_FULL, ROOM_TIMEOUT};
+use crate::admission::{
+    AT_CAPACITY, DEADLINE, QUEUE_TIMEOUT, ROOM_EVICTED, ROOM_FULL, ROOM_TIMEOUT,
+};
 use crate::http::HttpError;
 use crate::http::canned::{ErrorAnswer, Field, messages, write_error};
 use crate::route::peek::PeekError;
@@ -26,6 +28,9 @@ pub enum Refusal {
     /// Waited in the model's waiting room past `waiting_room_timeout_ms` (or predicted
     /// to); `retry_after` as for [`Refusal::RoomFull`].
     RoomTimeout { retry_after: Option<u32> },
+    /// Evicted from the model's full waiting room by a more important request;
+    /// `retry_after` as for [`Refusal::RoomFull`].
+    RoomEvicted { retry_after: Option<u32> },
     /// Engine slots and queue full here.
     AtCapacity,
     /// Waited in this worker's queue past `request_queue_timeout_ms`.
@@ -39,7 +44,9 @@ pub enum Refusal {
 impl Refusal {
     pub fn reason(self) -> MigrationReason {
         match self {
-            Refusal::AtCapacity | Refusal::RoomFull { .. } => MigrationReason::WorkerAtCapacity,
+            Refusal::AtCapacity | Refusal::RoomFull { .. } | Refusal::RoomEvicted { .. } => {
+                MigrationReason::WorkerAtCapacity
+            }
             Refusal::QueueTimeout | Refusal::RoomTimeout { .. } => MigrationReason::QueueTimeout,
             Refusal::UpstreamOverloaded => MigrationReason::UpstreamOverloaded,
             Refusal::UpstreamUnavailable => MigrationReason::UpstreamUnavailable,
@@ -49,6 +56,7 @@ impl Refusal {
     pub fn knob(self) -> Knob {
         match self {
             Refusal::AtCapacity | Refusal::RoomFull { .. } => Knob::QueueFull,
+            Refusal::RoomEvicted { .. } => Knob::Evicted,
             Refusal::QueueTimeout | Refusal::RoomTimeout { .. } => Knob::QueueTimeout,
             Refusal::UpstreamOverloaded => Knob::UpstreamOverloaded,
             Refusal::UpstreamUnavailable => Knob::Unreachable,
@@ -228,6 +236,9 @@ impl RequestError {
             RequestError::Refused(Refusal::RoomTimeout { retry_after }, _) => {
                 ("waiting_room_timeout_ms", retry_after)
             }
+            RequestError::Refused(Refusal::RoomEvicted { retry_after }, _) => {
+                ("waiting_room_size", retry_after)
+            }
             _ => (knob.setting(), None),
         };
         let why = self.why();
@@ -284,6 +295,7 @@ impl RequestError {
             Refused(Refusal::QueueTimeout, _) => QUEUE_TIMEOUT.into(),
             Refused(Refusal::RoomFull { .. }, _) => ROOM_FULL.into(),
             Refused(Refusal::RoomTimeout { .. }, _) => ROOM_TIMEOUT.into(),
+            Refused(Refusal::RoomEvicted { .. }, _) => ROOM_EVICTED.into(),
             Refused(..) => AT_CAPACITY.into(),
             Unavailable => messages::UNAVAILABLE.into(),
         }

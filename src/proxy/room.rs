@@ -6,9 +6,10 @@
 //! worker available. Each time it is due (`admission/room.rs`: a slot came back, or the
 //! monitor saw a worker become admissible) it looks again and binds to the worker the
 //! router picks among those with a free slot (late binding). It leaves with a slot, or
-//! refused: the room full (`queue_full`), its wait over or predicted past its end
-//! (`queue_timeout`, or the pick's own answer when the workers stayed busy or away), the
-//! client's budget spent (`deadline`).
+//! refused: the room full (`queue_full`), its place taken by a more important request
+//! (`evicted`), its wait over or predicted past its end (`queue_timeout`, or the pick's
+//! own answer when the workers stayed busy or away), the client's budget spent
+//! (`deadline`).
 
 use std::time::{Duration, Instant};
 
@@ -167,7 +168,16 @@ async fn wait<'s>(
         let refused = AttemptError::Refused(Refusal::RoomTimeout { retry_after }, Some(why));
         Unbound::Ended(refused)
     };
+    let evicted = || {
+        let why = room_figures(Knob::Evicted, room.waiting(), room.capacity().into());
+        let retry_after = retry_after(room);
+        let refused = AttemptError::Refused(Refusal::RoomEvicted { retry_after }, Some(why));
+        Err(Unbound::Ended(refused))
+    };
     loop {
+        if waiter.evicted() {
+            return evicted();
+        }
         if waiter.due() {
             match look(ctx, ex) {
                 Look::Bound(b) => return Ok(b),
@@ -185,6 +195,9 @@ async fn wait<'s>(
             Ok(()) => {}
             Err(Interrupt::ClientGone) => return Err(Unbound::Ended(AttemptError::ClientGone)),
             Err(Interrupt::Timeout | Interrupt::Abandoned) => {
+                if waiter.evicted() {
+                    return evicted();
+                }
                 // A turn that came with the end goes ahead.
                 if waiter.due() {
                     match look(ctx, ex) {

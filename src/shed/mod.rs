@@ -100,12 +100,14 @@ pub enum Knob {
     ClassShare,
     /// The client's stated budget ended its wait for a slot.
     Deadline,
+    /// A more important request took its place in the model's full waiting room.
+    Evicted,
     UpstreamOverloaded,
     Unreachable,
 }
 
 impl Knob {
-    pub const ALL: [Knob; 10] = [
+    pub const ALL: [Knob; 11] = [
         Knob::DecodeBlocks,
         Knob::PrefillTokens,
         Knob::PrefillTokensFrac,
@@ -114,6 +116,7 @@ impl Knob {
         Knob::QueueTimeout,
         Knob::ClassShare,
         Knob::Deadline,
+        Knob::Evicted,
         Knob::UpstreamOverloaded,
         Knob::Unreachable,
     ];
@@ -129,6 +132,7 @@ impl Knob {
             Knob::QueueTimeout => "queue_timeout",
             Knob::ClassShare => "class_share",
             Knob::Deadline => "deadline",
+            Knob::Evicted => "evicted",
             Knob::UpstreamOverloaded => "upstream_overloaded",
             Knob::Unreachable => "unreachable",
         }
@@ -145,6 +149,7 @@ impl Knob {
             Knob::QueueTimeout => "request_queue_timeout_ms",
             Knob::ClassShare => "classes.<class>.slot_share",
             Knob::Deadline => "the client's x-stainless-timeout or client_budget_header",
+            Knob::Evicted => "waiting_room_size",
             Knob::UpstreamOverloaded => "the worker's own limits",
             Knob::Unreachable => "the model's workers (down after failed connects)",
         }
