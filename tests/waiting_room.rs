@@ -13,6 +13,8 @@ const ROOM_FULL: &str =
     "Server overloaded: every worker of the model is at capacity and its waiting room is full";
 const ROOM_EVICTED: &str =
     "Server overloaded: request evicted from the model's full waiting room by a more important one";
+const ROOM_TENANT_FULL: &str =
+    "Server overloaded: this tenant already holds its share of the model's waiting room";
 const ROOM_TIMEOUT: &str = "Server overloaded: request rejected after waiting in the model's waiting room past its timeout";
 
 /// A model of held workers with one slot each and no queue of their own, and a room.
@@ -269,6 +271,99 @@ fn a_critical_request_evicts_the_youngest_sheddable_waiter() {
     for r in [running, old] {
         assert_eq!(r.join().unwrap().status, 200);
     }
+}
+
+/// A model of one held worker with one slot, a room of `size`, and tenants named by
+/// `x-tenant` (`top`: more top-level keys).
+fn with_tenants(w: &Held, size: u32, top: &str) -> ServerHandle {
+    proxy(
+        2,
+        &format!(
+            "tenant_header = \"x-tenant\"\n{top}\n[[models]]\nname = \"m\"\nwaiting_room_size = {size}\n\
+             [[models.workers]]\nurl = \"{}\"\nname = \"w\"\nengine_request_limit = 1\n",
+            w.url()
+        ),
+    )
+}
+
+fn of_tenant(tenant: &str, tag: &str) -> Vec<u8> {
+    tagged(tag, &format!("x-tenant: {tenant}\r\n"))
+}
+
+/// Tenants take turns in the room: a light tenant's request that comes behind a heavy
+/// tenant's backlog is served after at most one of them, not after all.
+#[test]
+fn tenants_take_turns_in_the_room() {
+    let w = Held::new("w");
+    let p = with_tenants(&w, 8, "");
+    let running = spawn_request(p.data_addr, of_tenant("heavy", "running"));
+    eventually("running", Duration::from_secs(5), || w.up.count() == 1);
+    let mut sent = vec![running];
+    for i in 0..4 {
+        let h = spawn_request(p.data_addr, of_tenant("heavy", &format!("heavy{i}")));
+        eventually("heavy waits", Duration::from_secs(5), || {
+            waiting(&p) == f64::from(i + 1)
+        });
+        sent.push(h);
+    }
+    sent.push(wait_in_room_as(&p, "light", "light", 4.0));
+    for n in 1..=6 {
+        w.release(1);
+        eventually("next runs", Duration::from_secs(5), || {
+            w.up.count() == (n + 1).min(6)
+        });
+    }
+    for r in sent {
+        assert_eq!(r.join().unwrap().status, 200);
+    }
+    let order: Vec<String> = (w.up.seen().iter())
+        .map(|s| s.body_str().split('"').nth(7).unwrap_or("?").to_string())
+        .collect();
+    let light = order.iter().position(|o| o == "light").unwrap();
+    assert!(light <= 2, "light served {light}th: {order:?}");
+    let heavy: Vec<_> = order.iter().filter(|o| o.starts_with("heavy")).collect();
+    assert_eq!(heavy, ["heavy0", "heavy1", "heavy2", "heavy3"], "{order:?}");
+}
+
+/// One tenant's burst cannot fill the room: beyond its share it is refused (knob
+/// `tenant_share`), and another tenant still finds a place.
+#[test]
+fn a_tenant_beyond_its_share_of_the_room_is_refused() {
+    let w = Held::new("w");
+    let p = with_tenants(&w, 4, "tenant_room_share = 0.5");
+    let running = spawn_request(p.data_addr, of_tenant("heavy", "running"));
+    eventually("running", Duration::from_secs(5), || w.up.count() == 1);
+    let mut sent = vec![running];
+    for i in 0..2 {
+        let tag = format!("heavy{i}");
+        sent.push(wait_in_room_as(&p, "heavy", &tag, f64::from(i)));
+    }
+    let r = once(p.data_addr, &of_tenant("heavy", "refused"));
+    assert_eq!(r.status, 529, "{}", r.text());
+    assert_eq!(r.json()["knob"], "tenant_share", "{}", r.text());
+    assert_eq!(r.json()["setting"], "tenant_room_share");
+    assert_eq!(
+        (r.json()["value"].as_f64(), r.json()["threshold"].as_f64()),
+        (Some(2.0), Some(2.0))
+    );
+    assert_eq!(r.json()["message"], ROOM_TENANT_FULL);
+    sent.push(wait_in_room_as(&p, "light", "light", 2.0));
+    w.release(4);
+    for r in sent {
+        assert_eq!(r.join().unwrap().status, 200);
+    }
+}
+
+/// Sends `tag` as `tenant` and waits until it is in the room (`before` were there).
+fn wait_in_room_as(
+    p: &ServerHandle,
+    tenant: &str,
+    tag: &str,
+    before: f64,
+) -> std::thread::JoinHandle<Response> {
+    let h = spawn_request(p.data_addr, of_tenant(tenant, tag));
+    eventually(tag, Duration::from_secs(5), || waiting(p) == before + 1.0);
+    h
 }
 
 /// A room refusal's `Retry-After` is the wait the room predicts for a newcomer once its

@@ -57,7 +57,8 @@ mod room;
 #[cfg(all(test, not(loom)))]
 mod tests;
 
-pub use room::{Notified, ROOM_EVICTED, ROOM_FULL, ROOM_TIMEOUT, Room, Waiter};
+pub use room::{Notified, ROOM_EVICTED, ROOM_FULL, ROOM_TENANT_FULL, ROOM_TIMEOUT};
+pub use room::{Room, TENANTS, Turned, Waiter};
 
 use std::future::Future;
 use std::pin::Pin;
@@ -464,9 +465,15 @@ pub fn predicted_wait_ms(position: u64, milli: u64) -> Option<u64> {
 /// Claims a FREE place among `places` for one already counted, with the next arrival
 /// number: one is always free when places in use never exceed those counted.
 fn claim(places: &[Place], arrivals: &AtomicU64, class: Class) -> Waiting {
-    let arrival = arrivals.fetch_add(1, Ordering::Relaxed) & ARRIVAL_MASK;
-    let state = arrival << ARRIVAL_SHIFT | (class.index() as u64) << 2 | WAITING;
-    let mut i = (arrival % places.len() as u64) as usize;
+    let arrival = arrivals.fetch_add(1, Ordering::Relaxed);
+    claim_at(places, arrival, arrival, class)
+}
+
+/// [`claim`] searching from place `start` (modulo), for a waiter served in `order` (an
+/// arrival number, or a fair-queuing tag) within its class.
+fn claim_at(places: &[Place], start: u64, order: u64, class: Class) -> Waiting {
+    let state = (order & ARRIVAL_MASK) << ARRIVAL_SHIFT | (class.index() as u64) << 2 | WAITING;
+    let mut i = (start % places.len() as u64) as usize;
     loop {
         let s = &places[i].state;
         if s.compare_exchange(FREE, state, Ordering::AcqRel, Ordering::Relaxed)

@@ -38,14 +38,16 @@ use std::task::{Context, Poll};
 
 use crossbeam_utils::CachePadded;
 
-use super::{AtomicU64, AtomicWaker, FREE, MAX_LIMIT, Ordering, Place, STATUS};
-use super::{Pace, WAITING, claim, class_of, served_before};
+use super::{ARRIVAL_SHIFT, AtomicU64, AtomicWaker, FREE, MAX_LIMIT, Ordering, Place, STATUS};
+use super::{Pace, WAITING, claim_at, class_of, served_before};
 use crate::shed::Class;
 
 /// Spillway's refusal messages: the room full, a wait in it ended.
 pub const ROOM_FULL: &str =
     "Server overloaded: every worker of the model is at capacity and its waiting room is full";
 pub const ROOM_TIMEOUT: &str = "Server overloaded: request rejected after waiting in the model's waiting room past its timeout";
+pub const ROOM_TENANT_FULL: &str =
+    "Server overloaded: this tenant already holds its share of the model's waiting room";
 pub const ROOM_EVICTED: &str =
     "Server overloaded: request evicted from the model's full waiting room by a more important one";
 
@@ -87,6 +89,38 @@ pub struct Room {
     /// Evicted waiters that have not left yet (at most the spare places).
     evicting: AtomicU64,
     spare: u64,
+    /// Per tenant bucket: its waiters and its last tag.
+    tenants: Box<[Tenant]>,
+    /// The room's virtual time: the tag of the last waiter notified.
+    vclock: AtomicU64,
+    /// Places one tenant may hold.
+    tenant_cap: AtomicU64,
+}
+
+/// Why a request found no place in a [`Room`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Turned {
+    /// `cap` wait, none less important than it.
+    Full,
+    /// Its tenant holds its share of the room.
+    TenantFull,
+}
+
+/// Tenants are told apart by their hash modulo this: tenants in one bucket share a turn
+/// and a share.
+pub const TENANTS: usize = 64;
+
+/// The bucket of a tenant hash: its top bits after a multiplicative mix, so any hash
+/// spreads.
+fn bucket(tenant: u64) -> usize {
+    (tenant.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - TENANTS.trailing_zeros())) as usize
+}
+
+/// A tenant bucket of a room.
+#[derive(Debug, Default)]
+struct Tenant {
+    waiting: AtomicU64,
+    last: AtomicU64,
 }
 
 impl Room {
@@ -109,6 +143,9 @@ impl Room {
             entered: std::sync::atomic::AtomicU64::new(0),
             evicting: AtomicU64::new(0),
             spare: spare.into(),
+            tenants: (0..TENANTS).map(|_| Tenant::default()).collect(),
+            vclock: AtomicU64::new(0),
+            tenant_cap: AtomicU64::new(cap.into()),
         }
     }
 
@@ -164,32 +201,82 @@ impl Room {
         now
     }
 
-    /// A place for a request of `class`; when `cap` already wait, the place of the
-    /// youngest waiter of the least important class below `class`, which is evicted;
-    /// `None` when there is none. The waiter is due at once when nobody of its class or
-    /// a more important one waited (it is first in line), or it took a permit.
-    pub fn enter(&self, class: Class) -> Option<Waiter<'_>> {
+    /// A place for a request of `class` from `tenant` (a hash; 0 for none); when `cap`
+    /// already wait, the place of the last served waiter of the least important class
+    /// below `class`, which is evicted. Refused when there is none, or when the tenant
+    /// holds its share of the room already. Within a class, tenants are served in turn
+    /// (start-time fair queuing over `TENANTS` buckets), each tenant first come, first
+    /// served. The waiter is due at once when nobody of its class or a more important
+    /// one waited (it is first in line), or it took a permit.
+    pub fn enter(&self, class: Class, tenant: u64) -> Result<Waiter<'_>, Turned> {
         let cap = u64::from(self.cap);
+        let bucket = bucket(tenant);
+        // A tenant's share below the room's size caps its waiters (those evicted and on
+        // their way out included); at the room's size, the room's count alone does.
+        let share = self.tenant_cap.load(Ordering::Relaxed);
+        let of_tenant = &self.tenants[bucket];
+        (of_tenant.waiting)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < share || share >= cap).then_some(n + 1)
+            })
+            .map_err(|_| Turned::TenantFull)?;
         let reserved = (self.word).fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
             (counts(w).0 < cap).then_some(w + L1)
         });
         let empty = match reserved {
             Ok(before) => counts(before).0 == 0,
             Err(_) if self.evict(class) => false,
-            Err(_) => return None,
+            Err(_) => {
+                of_tenant.waiting.fetch_sub(1, Ordering::AcqRel);
+                return Err(Turned::Full);
+            }
         };
         (self.entered).fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let ahead = self.waiting_ahead(class);
         self.by_class[class.index()].fetch_add(1, Ordering::AcqRel);
-        let place = claim(&self.places, &self.arrivals, class);
+        // Start-time fair queuing: the tenant's next tag, from the room's virtual time
+        // or just after its own last one, whichever is later.
+        let now = self.vclock.load(Ordering::Acquire);
+        let last = (of_tenant.last)
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |l| {
+                Some(l.max(now) + 1)
+            })
+            .unwrap_or_else(|l| l);
+        let tag = last.max(now) + 1;
+        let start = self.arrivals.fetch_add(1, Ordering::Relaxed);
+        let place = claim_at(&self.places, start, tag, class);
         let permit = self.check();
-        Some(Waiter {
+        let active = (self.tenants.iter())
+            .filter(|t| t.waiting.load(Ordering::Relaxed) > 0)
+            .count() as u64;
+        // Behind the waiters of its class and more important ones, or fewer: those
+        // tagged before it, about `active` per tag of the virtual time.
+        let ahead_fairly = (tag - now - 1).saturating_mul(active.max(1));
+        Ok(Waiter {
             room: self,
             index: place.index,
             state: place.state,
+            tenant: bucket,
             due: empty || ahead == 0 || permit,
-            position: ahead + 1,
+            position: ahead.min(ahead_fairly) + 1,
         })
+    }
+
+    /// Sets the share of the room one tenant may hold (at least one place).
+    pub fn set_tenant_share(&self, share: f64) {
+        let places = (f64::from(self.cap) * share.clamp(0.0, 1.0)).ceil() as u64;
+        (self.tenant_cap).store(places.clamp(1, self.cap.into()), Ordering::Relaxed);
+    }
+
+    /// Waiters of `tenant`'s bucket now (a reading).
+    pub fn tenant_waiting(&self, tenant: u64) -> u64 {
+        let bucket = bucket(tenant);
+        self.tenants[bucket].waiting.load(Ordering::Acquire)
+    }
+
+    /// Places one tenant may hold.
+    pub fn tenant_capacity(&self) -> u64 {
+        self.tenant_cap.load(Ordering::Relaxed)
     }
 
     /// Evicts the youngest waiter of the least important class below `class` that is
@@ -288,6 +375,7 @@ impl Room {
                 .compare_exchange(s, notified, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
+                self.vclock.fetch_max(s >> ARRIVAL_SHIFT, Ordering::AcqRel);
                 place.waker.wake();
                 return true;
             }
@@ -301,8 +389,10 @@ impl Room {
 pub struct Waiter<'r> {
     room: &'r Room,
     index: usize,
-    /// The place's WAITING state (arrival and class included).
+    /// The place's WAITING state (tag and class included).
     state: u64,
+    /// Its tenant's bucket.
+    tenant: usize,
     /// Due by entering an empty room or by a permit, not yet acted on.
     due: bool,
     position: u64,
@@ -354,6 +444,9 @@ impl Drop for Waiter<'_> {
     fn drop(&mut self) {
         let room = self.room;
         room.by_class[class_of(self.state)].fetch_sub(1, Ordering::AcqRel);
+        room.tenants[self.tenant]
+            .waiting
+            .fetch_sub(1, Ordering::AcqRel);
         let before = room.places[self.index].state.swap(FREE, Ordering::AcqRel);
         let unused = self.due || before & STATUS == NOTIFIED;
         if before & STATUS == EVICTED {
@@ -404,11 +497,11 @@ mod tests {
     #[test]
     fn the_first_waiter_looks_and_later_ones_wait_their_turn() {
         let room = Room::new(2);
-        let mut a = room.enter(Class::Standard).unwrap();
-        let mut b = room.enter(Class::Standard).unwrap();
+        let mut a = room.enter(Class::Standard, 0).unwrap();
+        let mut b = room.enter(Class::Standard, 0).unwrap();
         assert!(a.due() && !a.due(), "entered an empty room: due once");
         assert!(!b.due(), "others wait");
-        assert!(room.enter(Class::Standard).is_none(), "the cap is exact");
+        assert!(room.enter(Class::Standard, 0).is_err(), "the cap is exact");
         room.notify();
         assert!(a.due() && !b.due(), "a looked and waits again: still first");
     }
@@ -416,10 +509,10 @@ mod tests {
     #[test]
     fn a_notification_goes_to_the_most_important_then_oldest_waiter() {
         let room = Room::new(3);
-        let mut old = room.enter(Class::Standard).unwrap();
+        let mut old = room.enter(Class::Standard, 0).unwrap();
         assert!(old.due());
-        let mut young = room.enter(Class::Standard).unwrap();
-        let mut critical = room.enter(Class::Critical).unwrap();
+        let mut young = room.enter(Class::Standard, 0).unwrap();
+        let mut critical = room.enter(Class::Critical, 0).unwrap();
         assert!(critical.due(), "first of its class: looks at once");
         room.notify();
         assert!(critical.due() && !old.due() && !young.due());
@@ -431,20 +524,20 @@ mod tests {
     #[test]
     fn a_newcomer_first_in_its_class_looks_at_once() {
         let room = Room::new(4);
-        let mut sheddable = room.enter(Class::Sheddable).unwrap();
+        let mut sheddable = room.enter(Class::Sheddable, 0).unwrap();
         assert!(sheddable.due());
-        let mut standard = room.enter(Class::Standard).unwrap();
+        let mut standard = room.enter(Class::Standard, 0).unwrap();
         assert!(
             standard.due(),
             "nobody of its class or above waits: it looks"
         );
-        let mut later = room.enter(Class::Standard).unwrap();
+        let mut later = room.enter(Class::Standard, 0).unwrap();
         assert!(!later.due(), "behind the first standard");
         assert_eq!(
             (later.position(), room.waiting_ahead(Class::Critical)),
             (2, 0)
         );
-        let mut critical = room.enter(Class::Critical).unwrap();
+        let mut critical = room.enter(Class::Critical, 0).unwrap();
         assert!(critical.due());
         drop(standard);
         assert_eq!(room.waiting_ahead(Class::Sheddable), 3);
@@ -453,18 +546,18 @@ mod tests {
     #[test]
     fn a_notification_with_nobody_waiting_leaves_a_permit_for_the_next() {
         let room = Room::new(3);
-        let mut a = room.enter(Class::Standard).unwrap();
+        let mut a = room.enter(Class::Standard, 0).unwrap();
         assert!(a.due());
         room.notify(); // a looked and waits: notified
         room.notify(); // a is due already: a permit
-        let mut b = room.enter(Class::Standard).unwrap();
+        let mut b = room.enter(Class::Standard, 0).unwrap();
         assert!(b.due(), "took the permit");
-        let mut c = room.enter(Class::Standard).unwrap();
+        let mut c = room.enter(Class::Standard, 0).unwrap();
         assert!(!c.due(), "one permit, one waiter");
         drop((a, b, c));
         assert_eq!(room.waiting(), 0);
         room.notify();
-        let mut d = room.enter(Class::Standard).unwrap();
+        let mut d = room.enter(Class::Standard, 0).unwrap();
         assert!(d.due(), "an empty room: due");
         assert_eq!(
             counts(room.word.load(Ordering::Relaxed)).2,
@@ -476,9 +569,9 @@ mod tests {
     #[test]
     fn a_waiter_leaving_with_a_notification_passes_it_on() {
         let room = Room::new(2);
-        let mut a = room.enter(Class::Standard).unwrap();
+        let mut a = room.enter(Class::Standard, 0).unwrap();
         assert!(a.due());
-        let mut b = room.enter(Class::Standard).unwrap();
+        let mut b = room.enter(Class::Standard, 0).unwrap();
         room.notify();
         drop(a); // notified a second time (due() not called since): passes it on
         assert!(b.due());
@@ -488,10 +581,10 @@ mod tests {
     fn a_nudge_tells_the_first_waiters_beyond_those_told_and_leaves_no_permit() {
         let room = Room::new(4);
         assert_eq!(room.wake(3), 0, "nobody waits: no permit either");
-        let mut old = room.enter(Class::Standard).unwrap();
+        let mut old = room.enter(Class::Standard, 0).unwrap();
         assert!(old.due(), "entered an empty room");
-        let mut young = room.enter(Class::Standard).unwrap();
-        let mut critical = room.enter(Class::Critical).unwrap();
+        let mut young = room.enter(Class::Standard, 0).unwrap();
+        let mut critical = room.enter(Class::Critical, 0).unwrap();
         assert!(critical.due());
         assert_eq!(room.first_class(), Some(Class::Critical));
         assert_eq!(room.wake(1), 1);
@@ -502,21 +595,21 @@ mod tests {
         assert_eq!(room.wake(0), 0);
         drop((critical, old, young));
         assert_eq!(room.first_class(), None);
-        let mut next = room.enter(Class::Sheddable).unwrap();
+        let mut next = room.enter(Class::Sheddable, 0).unwrap();
         assert!(next.due(), "an empty room");
-        let mut last = room.enter(Class::Sheddable).unwrap();
+        let mut last = room.enter(Class::Sheddable, 0).unwrap();
         assert!(!last.due(), "no permit was left");
     }
 
     #[test]
     fn a_full_room_evicts_the_youngest_of_the_least_important_class_below() {
         let room = Room::new(3);
-        let mut old = room.enter(Class::Sheddable).unwrap();
+        let mut old = room.enter(Class::Sheddable, 0).unwrap();
         assert!(old.due());
-        let mut young = room.enter(Class::Sheddable).unwrap();
-        let mut standard = room.enter(Class::Standard).unwrap();
+        let mut young = room.enter(Class::Sheddable, 0).unwrap();
+        let mut standard = room.enter(Class::Standard, 0).unwrap();
         assert!(standard.due());
-        let mut critical = room.enter(Class::Critical).unwrap();
+        let mut critical = room.enter(Class::Critical, 0).unwrap();
         assert!(critical.due(), "first of its class");
         assert!(
             young.evicted() && !young.due(),
@@ -524,40 +617,40 @@ mod tests {
         );
         assert!(!old.evicted() && !standard.evicted());
         assert_eq!(room.waiting(), 3, "its count went to the newcomer");
-        let other = room.enter(Class::Standard).unwrap();
+        let other = room.enter(Class::Standard, 0).unwrap();
         assert!(old.evicted(), "then the other sheddable one");
         assert!(
-            room.enter(Class::Sheddable).is_none(),
+            room.enter(Class::Sheddable, 0).is_err(),
             "nobody below sheddable"
         );
         assert!(
-            room.enter(Class::Standard).is_none(),
+            room.enter(Class::Standard, 0).is_err(),
             "nobody below standard left"
         );
         drop((young, old));
         assert_eq!(room.waiting(), 3);
         drop((standard, critical, other));
         assert_eq!(room.waiting(), 0);
-        let mut next = room.enter(Class::Standard).unwrap();
+        let mut next = room.enter(Class::Standard, 0).unwrap();
         assert!(next.due(), "an empty room, every place free again");
     }
 
     #[test]
     fn a_notified_waiter_is_not_evicted_and_an_evicted_one_passes_its_turn_on() {
         let room = Room::new(2);
-        let mut first = room.enter(Class::Sheddable).unwrap();
+        let mut first = room.enter(Class::Sheddable, 0).unwrap();
         assert!(first.due());
-        let second = room.enter(Class::Sheddable).unwrap();
+        let second = room.enter(Class::Sheddable, 0).unwrap();
         room.notify();
-        let critical = room.enter(Class::Critical).unwrap();
+        let critical = room.enter(Class::Critical, 0).unwrap();
         assert!(!first.evicted() && second.evicted(), "first was notified");
         assert!(first.due());
         drop((first, second, critical));
         let room = Room::new(2);
-        let x = room.enter(Class::Sheddable).unwrap(); // due: entered an empty room
-        let mut y = room.enter(Class::Standard).unwrap();
+        let x = room.enter(Class::Sheddable, 0).unwrap(); // due: entered an empty room
+        let mut y = room.enter(Class::Standard, 0).unwrap();
         assert!(y.due());
-        let mut c = room.enter(Class::Critical).unwrap();
+        let mut c = room.enter(Class::Critical, 0).unwrap();
         assert!(x.evicted());
         assert!(c.due() && !c.due());
         drop(x); // evicted before it looked: its turn goes on, to the first waiter
@@ -568,22 +661,94 @@ mod tests {
     fn evictions_under_way_are_bounded_by_the_spare_places() {
         let room = Room::new(20);
         let sheddable: Vec<_> = (0..20)
-            .map(|_| room.enter(Class::Sheddable).unwrap())
+            .map(|_| room.enter(Class::Sheddable, 0).unwrap())
             .collect();
         let critical: Vec<_> = (0..16)
-            .map(|_| room.enter(Class::Critical).unwrap())
+            .map(|_| room.enter(Class::Critical, 0).unwrap())
             .collect();
         assert_eq!(sheddable.iter().filter(|w| w.evicted()).count(), 16);
         assert!(
-            room.enter(Class::Critical).is_none(),
+            room.enter(Class::Critical, 0).is_err(),
             "16 evicted waiters still on their way out"
         );
         let mut sheddable = sheddable;
         let gone = sheddable.iter().position(|w| w.evicted()).unwrap();
         sheddable.remove(gone);
-        assert!(room.enter(Class::Critical).is_some(), "one left: one more");
+        assert!(room.enter(Class::Critical, 0).is_ok(), "one left: one more");
         drop((sheddable, critical));
         assert_eq!(room.waiting(), 0);
+    }
+
+    /// Waiters leave in the order the room serves them, one notification each.
+    fn served(room: &Room, mut waiters: Vec<(&'static str, Waiter<'_>)>) -> Vec<&'static str> {
+        let mut order = Vec::new();
+        while !waiters.is_empty() {
+            let due = waiters.iter_mut().position(|(_, w)| w.due());
+            let Some(i) = due else {
+                room.notify();
+                continue;
+            };
+            order.push(waiters.remove(i).0);
+        }
+        order
+    }
+
+    #[test]
+    fn tenants_are_served_in_turn_each_first_come_first_served() {
+        let room = Room::new(16);
+        let (heavy, light) = (1, 2);
+        assert_ne!(bucket(heavy), bucket(light));
+        let mut waiters = Vec::new();
+        for name in ["h1", "h2", "h3", "h4", "h5"] {
+            waiters.push((name, room.enter(Class::Standard, heavy).unwrap()));
+        }
+        for name in ["l1", "l2"] {
+            waiters.push((name, room.enter(Class::Standard, light).unwrap()));
+        }
+        assert_eq!(
+            waiters[6].1.position(),
+            3,
+            "behind a turn of each tenant, not h1-h5"
+        );
+        let order = served(&room, waiters);
+        let at = |n: &str| order.iter().position(|o| *o == n).unwrap();
+        assert!(at("l1") <= 1 && at("l2") <= 3, "{order:?}");
+        let heavy_order: Vec<&str> = order
+            .iter()
+            .copied()
+            .filter(|o| o.starts_with('h'))
+            .collect();
+        assert_eq!(heavy_order, ["h1", "h2", "h3", "h4", "h5"], "{order:?}");
+        // Without tenants every request is tenant 0: first come, first served.
+        let waiters = ["a", "b", "c"].map(|n| (n, room.enter(Class::Standard, 0).unwrap()));
+        assert_eq!(served(&room, waiters.into()), ["a", "b", "c"]);
+    }
+
+    #[test]
+    fn a_tenant_holds_at_most_its_share_of_the_room() {
+        let room = Room::new(4);
+        room.set_tenant_share(0.5);
+        assert_eq!(room.tenant_capacity(), 2);
+        let a: Vec<_> = (0..2)
+            .map(|_| room.enter(Class::Standard, 1).unwrap())
+            .collect();
+        assert_eq!(
+            room.enter(Class::Critical, 1).unwrap_err(),
+            Turned::TenantFull
+        );
+        assert_eq!(room.tenant_waiting(1), 2);
+        let b: Vec<_> = (0..2)
+            .map(|_| room.enter(Class::Standard, 2).unwrap())
+            .collect();
+        assert_eq!(room.enter(Class::Standard, 3).unwrap_err(), Turned::Full);
+        drop(a);
+        assert!(
+            room.enter(Class::Standard, 1).is_ok(),
+            "its places came back"
+        );
+        drop(b);
+        room.set_tenant_share(0.01);
+        assert_eq!(room.tenant_capacity(), 1, "at least one place");
     }
 
     #[test]

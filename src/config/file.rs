@@ -19,6 +19,10 @@ pub struct FileConfig {
     pub overload_status_code: Option<Spanned<u16>>,
     pub retry_after_secs: Option<u32>,
     pub client_budget_header: Option<Spanned<String>>,
+    /// The header naming a request's tenant (hashed, never logged), and each tenant's
+    /// share of a model's waiting room.
+    pub tenant_header: Option<Spanned<String>>,
+    pub tenant_room_share: Option<Spanned<f64>>,
     pub load_staleness_ms: Option<Spanned<u64>>,
     pub scrape_interval_ms: Option<Spanned<u64>>,
     pub monitor_interval_ms: Option<Spanned<u64>>,

@@ -144,6 +144,11 @@ pub struct Config {
     /// A request header of whole milliseconds in which a client states its time budget
     /// (lowercase), beside `x-stainless-timeout`: waits for a slot end by it.
     pub client_budget_header: Option<String>,
+    /// A request header naming its tenant (lowercase): waiting rooms serve tenants in
+    /// turn (docs/behaviour.md §8.13). `authorization` keys tenants by bearer token.
+    pub tenant_header: Option<String>,
+    /// The share of a model's waiting room one tenant may hold (1.0: no cap).
+    pub tenant_room_share: f64,
     pub load_staleness_ms: u64,
     pub scrape_interval_ms: u64,
     pub monitor_interval_ms: u64,

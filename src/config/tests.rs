@@ -26,6 +26,13 @@ fn minimal_defaults() {
     assert_eq!(c.client_budget_header, None);
     let c = parse(&format!("client_budget_header = \" X-Budget-Ms\"\n{MIN}")).unwrap();
     assert_eq!(c.client_budget_header.as_deref(), Some("x-budget-ms"));
+    assert_eq!((c.tenant_header, c.tenant_room_share), (None, 1.0));
+    let c = parse(&format!(
+        "tenant_header = \"Authorization\"\ntenant_room_share = 0.25\n{MIN}"
+    ))
+    .unwrap();
+    assert_eq!(c.tenant_header.as_deref(), Some("authorization"));
+    assert_eq!(c.tenant_room_share, 0.25);
 }
 
 #[test]
@@ -41,6 +48,14 @@ fn errors_name_key_and_line() {
         (
             "client_budget_header = \"x budget\"\n",
             "client_budget_header (line 1): `x budget` is not a header name",
+        ),
+        (
+            "tenant_room_share = 0.5\n",
+            "tenant_room_share (line 1): requests have no tenant: set `tenant_header` too",
+        ),
+        (
+            "tenant_header = \"x-tenant\"\ntenant_room_share = 1.5\n",
+            "tenant_room_share (line 2): must be greater than 0 and at most 1",
         ),
         (
             "[[models]]\nname = \"m\"\nrouter_mode = \"kv-cache\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",

@@ -37,6 +37,28 @@ impl<'a> Validator<'a> {
         })
     }
 
+    /// `tenant_room_share`: above 0, at most 1, and only with a tenant header (without
+    /// one every request is the same tenant).
+    fn tenant_room_share(&self, f: &FileConfig) -> Result<f64, ConfigError> {
+        let Some(share) = &f.tenant_room_share else {
+            return Ok(1.0);
+        };
+        let key = "tenant_room_share";
+        match *share.get_ref() {
+            v if !(v > 0.0 && v <= 1.0) => self.err(
+                key,
+                Some(share.span()),
+                "must be greater than 0 and at most 1",
+            ),
+            _ if f.tenant_header.is_none() => self.err(
+                key,
+                Some(share.span()),
+                "requests have no tenant: set `tenant_header` too",
+            ),
+            v => Ok(v),
+        }
+    }
+
     pub(super) fn positive<T: Copy + PartialOrd + Default>(
         &self,
         key: &str,
@@ -98,6 +120,8 @@ impl<'a> Validator<'a> {
             retry_after_secs: f.retry_after_secs.unwrap_or(DEFAULT_RETRY_AFTER_SECS),
             client_budget_header: self
                 .header_name("client_budget_header", &f.client_budget_header)?,
+            tenant_header: self.header_name("tenant_header", &f.tenant_header)?,
+            tenant_room_share: self.tenant_room_share(&f)?,
             load_staleness_ms: self.positive(
                 "load_staleness_ms",
                 &f.load_staleness_ms,

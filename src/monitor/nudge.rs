@@ -119,7 +119,7 @@ mod tests {
         let s = snap();
         let room = &s.models[0].room.as_ref().unwrap().room;
         let mut waiters: Vec<_> = (0..4)
-            .map(|_| room.enter(Class::Standard).unwrap())
+            .map(|_| room.enter(Class::Standard, 0).unwrap())
             .collect();
         assert!(waiters[0].due(), "entered an empty room");
         let mut busy = BusySet::default();

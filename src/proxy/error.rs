@@ -8,9 +8,8 @@
 
 use std::borrow::Cow;
 
-use crate::admission::{
-    AT_CAPACITY, DEADLINE, QUEUE_TIMEOUT, ROOM_EVICTED, ROOM_FULL, ROOM_TIMEOUT,
-};
+use crate::admission::{AT_CAPACITY, DEADLINE, QUEUE_TIMEOUT};
+use crate::admission::{ROOM_EVICTED, ROOM_FULL, ROOM_TENANT_FULL, ROOM_TIMEOUT};
 use crate::http::HttpError;
 use crate::http::canned::{ErrorAnswer, Field, messages, write_error};
 use crate::route::peek::PeekError;
@@ -31,6 +30,9 @@ pub enum Refusal {
     /// Evicted from the model's full waiting room by a more important request;
     /// `retry_after` as for [`Refusal::RoomFull`].
     RoomEvicted { retry_after: Option<u32> },
+    /// The request's tenant holds its share of the model's waiting room already;
+    /// `retry_after` as for [`Refusal::RoomFull`].
+    TenantFull { retry_after: Option<u32> },
     /// Engine slots and queue full here.
     AtCapacity,
     /// Waited in this worker's queue past `request_queue_timeout_ms`.
@@ -44,9 +46,10 @@ pub enum Refusal {
 impl Refusal {
     pub fn reason(self) -> MigrationReason {
         match self {
-            Refusal::AtCapacity | Refusal::RoomFull { .. } | Refusal::RoomEvicted { .. } => {
-                MigrationReason::WorkerAtCapacity
-            }
+            Refusal::AtCapacity
+            | Refusal::RoomFull { .. }
+            | Refusal::RoomEvicted { .. }
+            | Refusal::TenantFull { .. } => MigrationReason::WorkerAtCapacity,
             Refusal::QueueTimeout | Refusal::RoomTimeout { .. } => MigrationReason::QueueTimeout,
             Refusal::UpstreamOverloaded => MigrationReason::UpstreamOverloaded,
             Refusal::UpstreamUnavailable => MigrationReason::UpstreamUnavailable,
@@ -57,6 +60,7 @@ impl Refusal {
         match self {
             Refusal::AtCapacity | Refusal::RoomFull { .. } => Knob::QueueFull,
             Refusal::RoomEvicted { .. } => Knob::Evicted,
+            Refusal::TenantFull { .. } => Knob::TenantShare,
             Refusal::QueueTimeout | Refusal::RoomTimeout { .. } => Knob::QueueTimeout,
             Refusal::UpstreamOverloaded => Knob::UpstreamOverloaded,
             Refusal::UpstreamUnavailable => Knob::Unreachable,
@@ -239,6 +243,9 @@ impl RequestError {
             RequestError::Refused(Refusal::RoomEvicted { retry_after }, _) => {
                 ("waiting_room_size", retry_after)
             }
+            RequestError::Refused(Refusal::TenantFull { retry_after }, _) => {
+                ("tenant_room_share", retry_after)
+            }
             _ => (knob.setting(), None),
         };
         let why = self.why();
@@ -296,6 +303,7 @@ impl RequestError {
             Refused(Refusal::RoomFull { .. }, _) => ROOM_FULL.into(),
             Refused(Refusal::RoomTimeout { .. }, _) => ROOM_TIMEOUT.into(),
             Refused(Refusal::RoomEvicted { .. }, _) => ROOM_EVICTED.into(),
+            Refused(Refusal::TenantFull { .. }, _) => ROOM_TENANT_FULL.into(),
             Refused(..) => AT_CAPACITY.into(),
             Unavailable => messages::UNAVAILABLE.into(),
         }

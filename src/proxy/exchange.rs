@@ -37,6 +37,9 @@ pub(super) struct Outbound<'a> {
     /// The client's stated budget in ms (`x-stainless-timeout`, `client_budget_header`),
     /// counted from `started`: it bounds the request's waits for a slot.
     pub budget_ms: Option<u64>,
+    /// The hash of its tenant's `tenant_header` value (0 without one): waiting rooms
+    /// serve tenants in turn.
+    pub tenant: u64,
 }
 
 /// What the stages of one proxied request work on, from `forward` to `relay`.

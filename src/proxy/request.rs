@@ -3,6 +3,7 @@
 //! the connection's reused buffer, and the request handed to [`super::forward`]; what comes
 //! back is either already relayed, or answered here.
 
+use std::hash::Hasher;
 use std::ops::Range;
 
 use super::body::BodyError;
@@ -77,6 +78,18 @@ fn budget_of(s: &Session, buf: &[u8], snap: &Snapshot) -> Option<u64> {
     budget_ms(secs, ms)
 }
 
+/// The hash of the request's `tenant_header` value; 0 without one (or none configured).
+/// The value itself is never kept or logged (it may be a bearer token).
+fn tenant_of(s: &Session, buf: &[u8], snap: &Snapshot) -> u64 {
+    let header = snap.config.tenant_header.as_deref();
+    let value = header.and_then(|name| s.head.headers.find(buf, name));
+    value.map_or(0, |v| {
+        let mut h = rustc_hash::FxHasher::default();
+        h.write(v);
+        h.finish()
+    })
+}
+
 /// The upstream request's head, into the reused `to_worker` buffer, with trace context.
 fn upstream_head(s: &mut Session, buf: &[u8], body_len: usize) {
     let create = trace_context(s, buf);
@@ -136,6 +149,7 @@ pub(super) async fn proxy(s: &mut Session, mut reader: Reader<'_>, endpoint: End
         client_keep_alive: keep,
         started,
         budget_ms: budget_of(s, reader.buf(), &snap),
+        tenant: tenant_of(s, reader.buf(), &snap),
     };
     upstream_head(s, reader.buf(), req.body.len());
     let mut ex = Exchange {

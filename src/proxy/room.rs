@@ -19,7 +19,7 @@ use super::error::{AttemptError, Refusal, RequestError};
 use super::exchange::Exchange;
 use super::pick::{Excluded, Picked, Unpicked, pick};
 use super::watch::{Interrupt, watched};
-use crate::admission::{Room, Waiter};
+use crate::admission::{Room, Turned, Waiter};
 use crate::config::WaitingRoom;
 use crate::runtime::clock;
 use crate::shed::{Knob, Why};
@@ -115,11 +115,9 @@ pub(super) async fn bind<'s>(
         }
         Ok(_) => None,
     };
-    let Some(waiter) = room.enter(ex.req.class) else {
-        let why = room_figures(Knob::QueueFull, room.waiting(), room.capacity().into());
-        let retry_after = retry_after(room);
-        let refused = AttemptError::Refused(Refusal::RoomFull { retry_after }, Some(why));
-        return Err(Unbound::Ended(refused));
+    let waiter = match room.enter(ex.req.class, ex.req.tenant) {
+        Ok(w) => w,
+        Err(turned) => return Err(Unbound::Ended(turned_away(room, turned, ex.req.tenant))),
     };
     let started = clock::now();
     let since = *stay.since.get_or_insert(started);
@@ -253,6 +251,28 @@ fn look<'s>(ctx: &CoreCtx, ex: &Exchange<'_, 's>) -> Look<'s> {
         return Look::Bound(Bound { picked, slot });
     }
     Look::Full
+}
+
+/// The refusal of a request the room has no place for: full, or its tenant's share held.
+#[cold]
+#[inline(never)]
+fn turned_away(room: &Room, turned: Turned, tenant: u64) -> AttemptError {
+    let retry_after = retry_after(room);
+    let (refusal, why) = match turned {
+        Turned::Full => (
+            Refusal::RoomFull { retry_after },
+            room_figures(Knob::QueueFull, room.waiting(), room.capacity().into()),
+        ),
+        Turned::TenantFull => (
+            Refusal::TenantFull { retry_after },
+            room_figures(
+                Knob::TenantShare,
+                room.tenant_waiting(tenant),
+                room.tenant_capacity(),
+            ),
+        ),
+    };
+    AttemptError::Refused(refusal, Some(why))
 }
 
 /// A room refusal's `Retry-After`: the wait predicted now for a request that would join

@@ -102,12 +102,14 @@ pub enum Knob {
     Deadline,
     /// A more important request took its place in the model's full waiting room.
     Evicted,
+    /// Its tenant holds its share of the model's waiting room already.
+    TenantShare,
     UpstreamOverloaded,
     Unreachable,
 }
 
 impl Knob {
-    pub const ALL: [Knob; 11] = [
+    pub const ALL: [Knob; 12] = [
         Knob::DecodeBlocks,
         Knob::PrefillTokens,
         Knob::PrefillTokensFrac,
@@ -117,6 +119,7 @@ impl Knob {
         Knob::ClassShare,
         Knob::Deadline,
         Knob::Evicted,
+        Knob::TenantShare,
         Knob::UpstreamOverloaded,
         Knob::Unreachable,
     ];
@@ -133,6 +136,7 @@ impl Knob {
             Knob::ClassShare => "class_share",
             Knob::Deadline => "deadline",
             Knob::Evicted => "evicted",
+            Knob::TenantShare => "tenant_share",
             Knob::UpstreamOverloaded => "upstream_overloaded",
             Knob::Unreachable => "unreachable",
         }
@@ -150,6 +154,7 @@ impl Knob {
             Knob::ClassShare => "classes.<class>.slot_share",
             Knob::Deadline => "the client's x-stainless-timeout or client_budget_header",
             Knob::Evicted => "waiting_room_size",
+            Knob::TenantShare => "tenant_room_share",
             Knob::UpstreamOverloaded => "the worker's own limits",
             Knob::Unreachable => "the model's workers (down after failed connects)",
         }

@@ -204,13 +204,14 @@ impl Registry {
             metrics,
             kv,
             stall_check_ms: (m.health_check.as_ref()).map(|c| (c.interval_ms, c.timeout_ms)),
-            room: self.room(m),
+            room: self.room(m, config.tenant_room_share),
         }
     }
 
     /// A model's room survives a reload that keeps its size (its waiters stay in line);
-    /// a new size starts a new room (those waiting in the old one finish there).
-    fn room(&mut self, m: &ModelConfig) -> Option<ModelRoom> {
+    /// a new size starts a new room (those waiting in the old one finish there). The
+    /// tenants' share is set on each build.
+    fn room(&mut self, m: &ModelConfig, tenant_share: f64) -> Option<ModelRoom> {
         let Some(settings) = m.waiting_room else {
             self.rooms.remove(&m.name);
             return None;
@@ -223,6 +224,7 @@ impl Registry {
                 r
             }
         };
+        room.set_tenant_share(tenant_share);
         Some(ModelRoom { room, settings })
     }
 
