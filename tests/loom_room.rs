@@ -84,7 +84,7 @@ impl Shared {
         if let Some((i, t)) = self.look() {
             return self.run(i, t);
         }
-        let Some(mut waiter) = self.room.enter(class, 0) else {
+        let Ok(mut waiter) = self.room.enter(class, 0) else {
             return;
         };
         let w = self.waiting.fetch_add(1, Ordering::SeqCst) + 1;
