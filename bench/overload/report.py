@@ -854,6 +854,51 @@ def isolation_report(a):
     return 0
 
 
+def fairness_report(a):
+    """Appends to the tenants run's report how the light tenant fared beside a heavy one,
+    with the room serving tenants in turn (`--fair`), first come first served (`--fifo`,
+    beside HAProxy), and alone at its rate in the mix (`--alone`)."""
+    fair = results.read_json(a.fair)["rows"]
+    fifo = results.read_json(a.fifo)["rows"]
+    solo = results.read_json(a.alone)["rows"][0]["classes"]["light"]
+    ms = lambda v: v * 1000 if v else float("nan")
+    load = fair[0]["load"]
+    md = ["", "## The light tenant beside a heavy one (issue 31)", "",
+          f"Two tenants at {load:g}×C in all, the heavy one offering "
+          f"{fair[0]['class_mix']['heavy'] / fair[0]['class_mix']['light']:g}× the light one's "
+          "rate, next to the light tenant alone at its rate in the mix "
+          "(`overload-tenants-light-alone.md`) and the same mix with tenants off "
+          "(`overload-tenants-fifo.md`).", "",
+          "| setup | tenant | offered req/s | goodput req/s | refused | TTFT p50 ms | TTFT p99 ms |",
+          "|---|---|---|---|---|---|---|"]
+    rows = [("room, tenants in turn", r) for r in fair] + [
+        ("room, first come first served" if r["setup"] == "room" else SETUP_NAMES[r["setup"]], r)
+        for r in fifo]
+    for name, r in rows:
+        for t in ("light", "heavy"):
+            x = r["classes"][t]
+            md.append(f"| {name} | {t} | {x['offered_rps']:.1f} | {x['completed_rps']:.1f} | "
+                      f"{100 * x['rejected_share']:.1f} % | {ms(x['ttft_p50']):.1f} | "
+                      f"{ms(x['ttft_p99']):.1f} |")
+    md.append(f"| room, light alone | light | {solo['offered_rps']:.1f} | "
+              f"{solo['completed_rps']:.1f} | "
+              f"{100 * solo['rejected_share']:.1f} % | {ms(solo['ttft_p50']):.1f} | "
+              f"{ms(solo['ttft_p99']):.1f} |")
+    light = fair[0]["classes"]["light"]
+    kept = (light["completed_rps"] / max(1e-9, light["offered_rps"])) / max(
+        1e-9, solo["completed_rps"] / max(1e-9, solo["offered_rps"]))
+    md += ["",
+           f"- The light tenant, tenants in turn: completes {100 * kept:.1f} % of the share of its "
+           f"offered requests it completes alone (target ≥ 95 %); TTFT p99 {ms(light['ttft_p99']):.1f} ms = "
+           f"**{ms(light['ttft_p99']) / ms(solo['ttft_p99']):.2f}×** its value alone "
+           "(target ≤ 1.1×).",
+           "- Goodput here is requests completed per second of the run; the per-tenant "
+           "figures come from the load generator's class field, which carried the tenant.", ""]
+    with open(a.out_md, "a") as f:  # md ends with "": the file ends with one newline
+        f.write("\n".join(md))
+    return 0
+
+
 def tables(a):
     """The tables report() writes, from a summary it wrote (results/*-summary.json)."""
     rows = results.read_json(a.summary_json)["rows"]
@@ -884,6 +929,9 @@ def main():
     sub = p.add_subparsers(dest="cmd", required=True)
     q = sub.add_parser("isolation")
     for name in ("mix", "alone", "out-md"):
+        q.add_argument("--" + name, required=True)
+    q = sub.add_parser("fairness")
+    for name in ("fair", "fifo", "alone", "out-md"):
         q.add_argument("--" + name, required=True)
     q = sub.add_parser("tables")
     q.add_argument("--summary-json", required=True)
@@ -937,6 +985,8 @@ def main():
     a = p.parse_args()
     if a.cmd == "isolation":
         return isolation_report(a)
+    if a.cmd == "fairness":
+        return fairness_report(a)
     if a.cmd == "tables":
         return tables(a)
     if a.cmd == "dynamo-tables":

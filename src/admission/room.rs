@@ -42,6 +42,11 @@ use super::{ARRIVAL_SHIFT, AtomicU64, AtomicWaker, FREE, MAX_LIMIT, Ordering, Pl
 use super::{Pace, WAITING, claim_at, class_of, served_before};
 use crate::shed::Class;
 
+/// The tenants' counts and tags: std atomics in every build. They order waiters and cap
+/// each tenant's places but take no part in the notification protocol, so the loom model
+/// (`tests/loom_room.rs`) leaves them out of its interleavings.
+type Tally = std::sync::atomic::AtomicU64;
+
 /// Spillway's refusal messages: the room full, a wait in it ended.
 pub const ROOM_FULL: &str =
     "Server overloaded: every worker of the model is at capacity and its waiting room is full";
@@ -92,9 +97,11 @@ pub struct Room {
     /// Per tenant bucket: its waiters and its last tag.
     tenants: Box<[Tenant]>,
     /// The room's virtual time: the tag of the last waiter notified.
-    vclock: AtomicU64,
+    vclock: Tally,
     /// Places one tenant may hold.
-    tenant_cap: AtomicU64,
+    tenant_cap: Tally,
+    /// Tenant buckets with waiters (a reading for predicted turns).
+    active: Tally,
 }
 
 /// Why a request found no place in a [`Room`].
@@ -119,8 +126,8 @@ fn bucket(tenant: u64) -> usize {
 /// A tenant bucket of a room.
 #[derive(Debug, Default)]
 struct Tenant {
-    waiting: AtomicU64,
-    last: AtomicU64,
+    waiting: Tally,
+    last: Tally,
 }
 
 impl Room {
@@ -144,8 +151,9 @@ impl Room {
             evicting: AtomicU64::new(0),
             spare: spare.into(),
             tenants: (0..TENANTS).map(|_| Tenant::default()).collect(),
-            vclock: AtomicU64::new(0),
-            tenant_cap: AtomicU64::new(cap.into()),
+            vclock: Tally::new(0),
+            tenant_cap: Tally::new(cap.into()),
+            active: Tally::new(0),
         }
     }
 
@@ -215,11 +223,14 @@ impl Room {
         // their way out included); at the room's size, the room's count alone does.
         let share = self.tenant_cap.load(Ordering::Relaxed);
         let of_tenant = &self.tenants[bucket];
-        (of_tenant.waiting)
+        let before = (of_tenant.waiting)
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < share || share >= cap).then_some(n + 1)
             })
             .map_err(|_| Turned::TenantFull)?;
+        if before == 0 {
+            self.active.fetch_add(1, Ordering::Relaxed);
+        }
         let reserved = (self.word).fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
             (counts(w).0 < cap).then_some(w + L1)
         });
@@ -227,7 +238,7 @@ impl Room {
             Ok(before) => counts(before).0 == 0,
             Err(_) if self.evict(class) => false,
             Err(_) => {
-                of_tenant.waiting.fetch_sub(1, Ordering::AcqRel);
+                self.tenant_left(bucket);
                 return Err(Turned::Full);
             }
         };
@@ -246,9 +257,7 @@ impl Room {
         let start = self.arrivals.fetch_add(1, Ordering::Relaxed);
         let place = claim_at(&self.places, start, tag, class);
         let permit = self.check();
-        let active = (self.tenants.iter())
-            .filter(|t| t.waiting.load(Ordering::Relaxed) > 0)
-            .count() as u64;
+        let active = self.active.load(Ordering::Relaxed);
         // Behind the waiters of its class and more important ones, or fewer: those
         // tagged before it, about `active` per tag of the virtual time.
         let ahead_fairly = (tag - now - 1).saturating_mul(active.max(1));
@@ -260,6 +269,13 @@ impl Room {
             due: empty || ahead == 0 || permit,
             position: ahead.min(ahead_fairly) + 1,
         })
+    }
+
+    /// A waiter of tenant bucket `bucket` left (or never entered).
+    fn tenant_left(&self, bucket: usize) {
+        if self.tenants[bucket].waiting.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.active.fetch_sub(1, Ordering::Relaxed);
+        }
     }
 
     /// Sets the share of the room one tenant may hold (at least one place).
@@ -444,9 +460,7 @@ impl Drop for Waiter<'_> {
     fn drop(&mut self) {
         let room = self.room;
         room.by_class[class_of(self.state)].fetch_sub(1, Ordering::AcqRel);
-        room.tenants[self.tenant]
-            .waiting
-            .fetch_sub(1, Ordering::AcqRel);
+        room.tenant_left(self.tenant);
         let before = room.places[self.index].state.swap(FREE, Ordering::AcqRel);
         let unused = self.due || before & STATUS == NOTIFIED;
         if before & STATUS == EVICTED {
