@@ -4,7 +4,7 @@
 //! migration, its prompt's place in it), and the trail its log line is made of.
 
 use std::ops::Range;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use super::log::Trail;
 use super::session::ClientIo;
@@ -55,6 +55,9 @@ pub(super) struct Exchange<'a, 'r> {
     pub request_id: &'a [u8],
     /// What the request's log line will say.
     pub trail: Trail,
+    /// Its time in the model's waiting room: no worker's doing, so a worker's TTFT sample
+    /// for the adaptive mode leaves it out.
+    pub in_room: Duration,
 }
 
 impl Exchange<'_, '_> {

@@ -31,6 +31,9 @@ use crate::state::counters::{
 struct Timing<'a> {
     cells: &'a ModelCore,
     started: Instant,
+    /// `started` plus the wait in the model's room: the worker's own TTFT counts from
+    /// here.
+    at_worker: Instant,
     stream: bool,
     last_data: Option<Instant>,
 }
@@ -44,7 +47,7 @@ impl Timing<'_> {
         match self.last_data {
             None => {
                 let ttft = now.duration_since(self.started);
-                tracked.first_byte(ttft);
+                tracked.first_byte(now.duration_since(self.at_worker));
                 self.cells.ttft.observe(&TTFT_BUCKETS, ttft.as_secs_f64());
                 first = Some(ttft);
             }
@@ -77,6 +80,7 @@ pub(super) async fn relay(
         timing: Timing {
             cells,
             started: ex.req.started,
+            at_worker: ex.req.started + ex.in_room,
             stream: ex.req.request_type == RequestType::Stream,
             last_data: None,
         },

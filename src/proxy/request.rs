@@ -159,6 +159,7 @@ pub(super) async fn proxy(s: &mut Session, mut reader: Reader<'_>, endpoint: End
         prompt_at: 0..0,
         request_id: s.request_id.get(),
         trail: Trail::default(),
+        in_room: std::time::Duration::ZERO,
     };
     let forwarded = forward(&s.ctx, &mut ex).await;
     let Exchange { req, mut trail, .. } = ex;
