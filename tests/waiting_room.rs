@@ -463,12 +463,23 @@ fn report(p: &ServerHandle, blocks: u64) {
     assert_eq!(r.status, 200, "{}", r.text());
 }
 
-/// Every worker busy by the busy rule: a room model's request waits for one to stop
-/// being busy (the monitor nudges the room when it publishes) instead of 529 at once.
+/// Every worker busy by the busy rule: by default the overload answer at once, room or
+/// not; with `waiting_room_waits_for_busy` the request waits for one to stop being busy
+/// (the monitor nudges the room when it publishes).
 #[test]
 fn a_waiter_binds_when_a_worker_stops_being_busy() {
     let w = echo_upstream("w");
     let p = busy_with_room(&w, "waiting_room_size = 4");
+    report(&p, 90);
+    let r = once(p.data_addr, &tagged("at-once", ""));
+    assert_eq!(r.status, 529, "{}", r.text());
+    assert_eq!(r.json()["knob"], "decode_blocks", "{}", r.text());
+    let waits = "spillway_waiting_room_entered_total{model=\"m\"}";
+    assert_eq!(gauge(&p, waits), 0.0, "it never entered the room");
+    let p = busy_with_room(
+        &w,
+        "waiting_room_size = 4\nwaiting_room_waits_for_busy = true",
+    );
     report(&p, 90);
     let waiter = wait_in_room(&p, "waiter", 0.0);
     assert_eq!(w.count(), 0, "nothing reached the busy worker");
@@ -486,7 +497,8 @@ fn a_waiter_binds_when_a_worker_stops_being_busy() {
 #[test]
 fn a_wait_for_busy_workers_ends_with_their_answer() {
     let w = echo_upstream("w");
-    let room = "waiting_room_size = 4\nwaiting_room_timeout_ms = 300";
+    let room =
+        "waiting_room_size = 4\nwaiting_room_timeout_ms = 300\nwaiting_room_waits_for_busy = true";
     let p = busy_with_room(&w, room);
     report(&p, 90);
     let started = Instant::now();

@@ -183,6 +183,9 @@ pub struct FileModel {
     pub waiting_room_timeout_ms: Option<Spanned<u64>>,
     /// How long a request that finds no worker available waits for one (a rollout).
     pub rollout_hold_ms: Option<Spanned<u64>>,
+    /// Whether a request that finds every worker busy waits in the room (else the
+    /// overload answer at once).
+    pub waiting_room_waits_for_busy: Option<Spanned<bool>>,
     #[serde(default)]
     pub workers: Vec<FileWorker>,
     pub dns: Option<FileDns>,

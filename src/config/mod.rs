@@ -207,6 +207,9 @@ pub struct WaitingRoom {
     pub size: u32,
     pub timeout_ms: u64,
     pub hold_ms: Option<u64>,
+    /// A request that finds every eligible worker busy or held waits in the room for
+    /// one to become admissible (else it gets the overload answer at once).
+    pub waits_for_busy: bool,
 }
 
 impl WaitingRoom {

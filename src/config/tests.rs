@@ -372,8 +372,17 @@ fn a_waiting_room_is_a_size_a_timeout_and_a_hold() {
         size: 64,
         timeout_ms: 5_000,
         hold_ms: None,
+        waits_for_busy: false,
     };
     assert_eq!(c.models[0].waiting_room, Some(room));
+    let c = parse(&model(
+        "waiting_room_size = 8\nwaiting_room_waits_for_busy = true",
+    ))
+    .unwrap();
+    assert_eq!(
+        c.models[0].waiting_room.map(|r| r.waits_for_busy),
+        Some(true)
+    );
     let c = parse(&model("waiting_room_size = 8\nrollout_hold_ms = 30000")).unwrap();
     assert_eq!(
         c.models[0].waiting_room.and_then(|r| r.hold_ms),
@@ -400,6 +409,10 @@ fn a_waiting_room_is_a_size_a_timeout_and_a_hold() {
         (
             "waiting_room_timeout_ms = 100",
             "models[0].waiting_room_timeout_ms (line 3): the model has no waiting room: set `waiting_room_size` too",
+        ),
+        (
+            "waiting_room_waits_for_busy = true",
+            "models[0].waiting_room_waits_for_busy (line 3): the model has no waiting room: set `waiting_room_size` too",
         ),
         (
             "rollout_hold_ms = 1000",

@@ -179,6 +179,9 @@ impl Validator<'_> {
             if let Some(h) = &m.rollout_hold_ms {
                 return self.err(key("rollout_hold_ms"), Some(h.span()), msg);
             }
+            if let Some(b) = &m.waiting_room_waits_for_busy {
+                return self.err(key("waiting_room_waits_for_busy"), Some(b.span()), msg);
+            }
             return Ok(None);
         };
         let max = WaitingRoom::MAX_SIZE;
@@ -195,6 +198,10 @@ impl Validator<'_> {
                 size: n,
                 timeout_ms,
                 hold_ms,
+                waits_for_busy: m
+                    .waiting_room_waits_for_busy
+                    .as_ref()
+                    .is_some_and(|b| *b.get_ref()),
             })),
         }
     }

@@ -67,11 +67,11 @@ impl Stay {
 }
 
 /// Whether a request the router could not place may wait in the room for that to change:
-/// every worker busy or held (the overload answers) always; none available only with a
-/// rollout hold. Notes the hold on `stay`.
+/// every worker busy or held (the overload answers) with `waiting_room_waits_for_busy`;
+/// none available with a rollout hold. Notes the hold on `stay`.
 fn may_wait(none: &Unpicked<'_>, settings: &WaitingRoom, stay: &mut Stay) -> bool {
     match none.answer {
-        RequestError::Overloaded(_) | RequestError::Refused(..) => true,
+        RequestError::Overloaded(_) | RequestError::Refused(..) => settings.waits_for_busy,
         RequestError::Unavailable if settings.hold_ms.is_some() => {
             stay.held = true;
             true
