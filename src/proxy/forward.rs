@@ -18,7 +18,7 @@ use super::guards::{InStage, Inflight, RetryPlace};
 use super::log::ClosedBy;
 use super::pick::{Excluded, Unpicked, pick};
 use super::response::failed;
-use super::room::{Stay, Unbound, bind, without_full};
+use super::room::{Stay, Unbound, bind};
 use crate::http::limits::{INITIAL_READ_BUF, MAX_WORKER_ID_LEN};
 use crate::route::RouterMode;
 use crate::runtime::clock;
@@ -203,15 +203,10 @@ async fn attempts(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, stage: &mut InStage<
         stage.set(Some(Stage::Route));
         let now = clock::now_ms();
         let (id, excluded) = (worker_id.get(), tries.excluded);
-        // A model's waiting room takes a request that no worker refused and none failed
-        // once it had it: it may wait there for any worker, and picks among those with a
-        // free slot.
-        let room = model.room.as_ref().filter(|_| tries.may_wait());
-        let excluded = match room {
-            Some(_) => without_full(&ex.req, excluded),
-            None => excluded,
-        };
         let picked = pick(ctx, &ex.req, id, ex.prompt(), excluded, now);
+        // A model's waiting room takes a request that no worker refused and none failed
+        // once it had it: it may wait there for any worker.
+        let room = model.room.as_ref().filter(|_| tries.may_wait());
         let (picked, held) = match (picked, room) {
             (Ok(picked), None) => (picked, None),
             (Err(none), None) => return unpicked(none, &tries),

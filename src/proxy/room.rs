@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use super::admit::{Budget, Slot};
 use super::core::CoreCtx;
 use super::error::{AttemptError, Refusal, RequestError};
-use super::exchange::{Exchange, Outbound};
+use super::exchange::Exchange;
 use super::pick::{Excluded, Picked, Unpicked, pick};
 use super::watch::{Interrupt, watched};
 use crate::admission::{Room, Turned, Waiter};
@@ -213,20 +213,6 @@ async fn wait<'s>(
             }
         }
     }
-}
-
-/// `excluded` and the members whose gates read full now: the first pick of a request
-/// that may wait in the room leaves them out (a hint, no write), so the router's notes
-/// (the prefill it routed, `kv` mode's predicted cache) go to a worker that can take it.
-pub(super) fn without_full(req: &Outbound<'_>, mut excluded: Excluded) -> Excluded {
-    let (snap, model) = (req.snap, req.model);
-    for (i, m) in model.members.iter().enumerate() {
-        let gate = snap.workers[m.worker as usize].gate.as_deref();
-        if gate.is_some_and(|g| !g.has_room_for(req.class)) {
-            excluded.refused(i);
-        }
-    }
-    excluded
 }
 
 /// Looks at the model's members for a free slot: the router picks among the eligible ones
