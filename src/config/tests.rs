@@ -36,6 +36,24 @@ fn minimal_defaults() {
 }
 
 #[test]
+fn tenant_settings_are_checked() {
+    let cases = [
+        (
+            "tenant_room_share = 0.5\n",
+            "tenant_room_share (line 1): requests have no tenant: set `tenant_header` too",
+        ),
+        (
+            "tenant_header = \"x-tenant\"\ntenant_room_share = 1.5\n",
+            "tenant_room_share (line 2): must be greater than 0 and at most 1",
+        ),
+    ];
+    for (toml, want) in cases {
+        let e = parse(&format!("{toml}{MIN}")).unwrap_err().to_string();
+        assert!(e.contains(want), "{toml}: {e}");
+    }
+}
+
+#[test]
 fn errors_name_key_and_line() {
     let cases: &[(&str, &str)] = &[
         ("bogus = 1\n", "unknown field `bogus`"),
@@ -48,14 +66,6 @@ fn errors_name_key_and_line() {
         (
             "client_budget_header = \"x budget\"\n",
             "client_budget_header (line 1): `x budget` is not a header name",
-        ),
-        (
-            "tenant_room_share = 0.5\n",
-            "tenant_room_share (line 1): requests have no tenant: set `tenant_header` too",
-        ),
-        (
-            "tenant_header = \"x-tenant\"\ntenant_room_share = 1.5\n",
-            "tenant_room_share (line 2): must be greater than 0 and at most 1",
         ),
         (
             "[[models]]\nname = \"m\"\nrouter_mode = \"kv-cache\"\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n",

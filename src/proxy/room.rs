@@ -167,15 +167,9 @@ async fn wait<'s>(
         let refused = AttemptError::Refused(Refusal::RoomTimeout { retry_after }, Some(why));
         Unbound::Ended(refused)
     };
-    let evicted = || {
-        let why = room_figures(Knob::Evicted, room.waiting(), room.capacity().into());
-        let retry_after = retry_after(room);
-        let refused = AttemptError::Refused(Refusal::RoomEvicted { retry_after }, Some(why));
-        Err(Unbound::Ended(refused))
-    };
     loop {
         if waiter.evicted() {
-            return evicted();
+            return Err(evicted(room));
         }
         if waiter.due() {
             match look(ctx, ex) {
@@ -195,7 +189,7 @@ async fn wait<'s>(
             Err(Interrupt::ClientGone) => return Err(Unbound::Ended(AttemptError::ClientGone)),
             Err(Interrupt::Timeout | Interrupt::Abandoned) => {
                 if waiter.evicted() {
-                    return evicted();
+                    return Err(evicted(room));
                 }
                 // A turn that came with the end goes ahead.
                 if waiter.due() {
@@ -252,6 +246,18 @@ fn look<'s>(ctx: &CoreCtx, ex: &Exchange<'_, 's>) -> Look<'s> {
         return Look::Bound(Bound { picked, slot });
     }
     Look::Full
+}
+
+/// The refusal of a waiter a more important request evicted.
+#[cold]
+#[inline(never)]
+fn evicted(room: &Room) -> Unbound<'static> {
+    let why = room_figures(Knob::Evicted, room.waiting(), room.capacity().into());
+    let retry_after = retry_after(room);
+    Unbound::Ended(AttemptError::Refused(
+        Refusal::RoomEvicted { retry_after },
+        Some(why),
+    ))
 }
 
 /// The refusal of a request the room has no place for: full, or its tenant's share held.
