@@ -306,25 +306,12 @@ impl Room {
         if took.is_err() {
             return false;
         }
-        loop {
-            let victim = (self.places.iter().enumerate())
-                .map(|(i, p)| (i, p.state.load(Ordering::Acquire)))
-                .filter(|&(_, s)| s & STATUS == WAITING && class_of(s) > class.index())
-                .reduce(|a, b| if served_before(a.1, b.1) { b } else { a });
-            let Some((i, s)) = victim else {
-                self.evicting.fetch_sub(1, Ordering::AcqRel);
-                return false;
-            };
-            let place = &self.places[i];
-            let evicted = s - WAITING + EVICTED;
-            if (place.state)
-                .compare_exchange(s, evicted, Ordering::AcqRel, Ordering::Acquire)
-                .is_ok()
-            {
-                place.waker.wake();
-                return true;
-            }
+        let eligible = |s: u64| class_of(s) > class.index();
+        if self.mark_first(eligible, served_before, EVICTED).is_some() {
+            return true;
         }
+        self.evicting.fetch_sub(1, Ordering::AcqRel);
+        false
     }
 
     /// A waiter just claimed its place: takes a permit if one is left (true), else notes
@@ -377,23 +364,36 @@ impl Room {
     /// Turns the WAITING place served first NOTIFIED and wakes its task; false when none
     /// waits.
     fn notify_best(&self) -> bool {
+        let later = |a: u64, b: u64| served_before(b, a);
+        let Some(s) = self.mark_first(|_| true, later, NOTIFIED) else {
+            return false;
+        };
+        self.vclock.fetch_max(s >> ARRIVAL_SHIFT, Ordering::AcqRel);
+        true
+    }
+
+    /// Turns the WAITING place that comes first by `later` among those `eligible` (by
+    /// state) to `status` and wakes its task; returns its WAITING state, `None` when none
+    /// waits. `later(a, b)`: `b` goes before `a`.
+    fn mark_first(
+        &self,
+        eligible: impl Fn(u64) -> bool,
+        later: impl Fn(u64, u64) -> bool,
+        status: u64,
+    ) -> Option<u64> {
         loop {
-            let best = (self.places.iter().enumerate())
+            let (i, s) = (self.places.iter().enumerate())
                 .map(|(i, p)| (i, p.state.load(Ordering::Acquire)))
-                .filter(|&(_, s)| s & STATUS == WAITING)
-                .reduce(|a, b| if served_before(b.1, a.1) { b } else { a });
-            let Some((i, s)) = best else {
-                return false;
-            };
+                .filter(|&(_, s)| s & STATUS == WAITING && eligible(s))
+                .reduce(|a, b| if later(a.1, b.1) { b } else { a })?;
             let place = &self.places[i];
-            let notified = s - WAITING + NOTIFIED;
+            let marked = s - WAITING + status;
             if (place.state)
-                .compare_exchange(s, notified, Ordering::AcqRel, Ordering::Acquire)
+                .compare_exchange(s, marked, Ordering::AcqRel, Ordering::Acquire)
                 .is_ok()
             {
-                self.vclock.fetch_max(s >> ARRIVAL_SHIFT, Ordering::AcqRel);
                 place.waker.wake();
-                return true;
+                return Some(s);
             }
         }
     }
