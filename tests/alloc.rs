@@ -361,8 +361,9 @@ fn access_log_allocates_nothing() {
 /// slot taken and wait in the room, are notified when it comes back and bind to it.
 fn waiting_room_allocates_nothing() {
     let url = worker();
+    // Tenants on: each request is counted in flight for its tenant (none here: one tenant).
     let toml = format!(
-        "{}\n[limits]\nbuffer_release_ms = 600000\n",
+        "tenant_header = \"x-tenant\"\n{}\n[limits]\nbuffer_release_ms = 600000\n",
         model(
             "m",
             "waiting_room_size = 8\nwaiting_room_timeout_ms = 60000",

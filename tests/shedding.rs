@@ -497,3 +497,51 @@ fn scrape_reads_a_chunked_body_that_arrives_in_pieces() {
     let state = admin_get(p.admin_addr, "/load").json();
     assert!(state["workers"][0]["scrape_error"].is_null(), "{state}");
 }
+
+/// A worker made busy by a pushed report while a heavy tenant has two requests there:
+/// the heavy tenant's next one is refused, a light tenant's (below the mean in flight)
+/// still reaches the busy worker, and a second light one (at the mean) is refused. With
+/// `busy_spares_light_tenants = false` the light tenant is refused like the heavy one.
+#[test]
+fn busy_workers_still_take_a_light_tenants_request() {
+    for spares in [true, false] {
+        let w = Held::new("w");
+        let p = proxy(
+            2,
+            &format!(
+                "tenant_header = \"x-tenant\"\nbusy_spares_light_tenants = {spares}\n\
+                 [[models]]\nname = \"m\"\nactive_decode_blocks_threshold = 0.5\n\
+                 [[models.workers]]\nurl = \"{}\"\nname = \"w\"\nkv_total_blocks = 100\n\
+                 load_sources = [\"push\"]\n",
+                w.url()
+            ),
+        );
+        let as_tenant = |tenant: &str, tag: &str| tagged(tag, &format!("x-tenant: {tenant}\r\n"));
+        let held: Vec<_> = (0..2)
+            .map(|i| spawn_request(p.data_addr, as_tenant("heavy", &format!("heavy{i}"))))
+            .collect();
+        eventually("heavy at the worker", Duration::from_secs(5), || {
+            w.up.count() == 2
+        });
+        push(&p, r#"{"worker_id":"w","active_decode_blocks":90}"#);
+        let r = once(p.data_addr, &as_tenant("heavy", "refused"));
+        assert_eq!(r.status, 529, "{}", r.text());
+        assert_eq!(r.json()["knob"], "decode_blocks", "{}", r.text());
+        let light = spawn_request(p.data_addr, as_tenant("light", "light"));
+        if spares {
+            eventually("light at the worker", Duration::from_secs(5), || {
+                w.up.count() == 3
+            });
+            let r = once(p.data_addr, &as_tenant("light", "second"));
+            assert_eq!(r.status, 529, "at the mean: {}", r.text());
+        }
+        w.release(3);
+        let light = light.join().unwrap();
+        let want = if spares { 200 } else { 529 };
+        assert_eq!(light.status, want, "spares {spares}: {}", light.text());
+        for h in held {
+            assert_eq!(h.join().unwrap().status, 200);
+        }
+        assert_eq!(w.up.count(), if spares { 3 } else { 2 });
+    }
+}

@@ -54,11 +54,13 @@
 //! meanwhile), it dispatches again, so no waiter is left behind a slot it may take.
 
 mod room;
+mod tenants;
 #[cfg(all(test, not(loom)))]
 mod tests;
 
 pub use room::{Notified, ROOM_EVICTED, ROOM_FULL, ROOM_TENANT_FULL, ROOM_TIMEOUT};
-pub use room::{Room, TENANTS, Turned, Waiter};
+pub use room::{Room, Turned, Waiter};
+pub use tenants::{Counted, InFlight, TENANTS};
 
 use std::future::Future;
 use std::pin::Pin;

@@ -38,6 +38,7 @@ use std::task::{Context, Poll};
 
 use crossbeam_utils::CachePadded;
 
+use super::tenants::{TENANTS, bucket};
 use super::{ARRIVAL_SHIFT, AtomicU64, AtomicWaker, FREE, MAX_LIMIT, Ordering, Place, STATUS};
 use super::{Pace, WAITING, claim_at, class_of, served_before};
 use crate::shed::Class;
@@ -111,16 +112,6 @@ pub enum Turned {
     Full,
     /// Its tenant holds its share of the room.
     TenantFull,
-}
-
-/// Tenants are told apart by their hash modulo this: tenants in one bucket share a turn
-/// and a share.
-pub const TENANTS: usize = 64;
-
-/// The bucket of a tenant hash: its top bits after a multiplicative mix, so any hash
-/// spreads.
-fn bucket(tenant: u64) -> usize {
-    (tenant.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - TENANTS.trailing_zeros())) as usize
 }
 
 /// A tenant bucket of a room.

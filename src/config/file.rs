@@ -23,6 +23,7 @@ pub struct FileConfig {
     /// share of a model's waiting room.
     pub tenant_header: Option<Spanned<String>>,
     pub tenant_room_share: Option<Spanned<f64>>,
+    pub busy_spares_light_tenants: Option<Spanned<bool>>,
     pub load_staleness_ms: Option<Spanned<u64>>,
     pub scrape_interval_ms: Option<Spanned<u64>>,
     pub monitor_interval_ms: Option<Spanned<u64>>,

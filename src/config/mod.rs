@@ -149,6 +149,9 @@ pub struct Config {
     pub tenant_header: Option<String>,
     /// The share of a model's waiting room one tenant may hold (1.0: no cap).
     pub tenant_room_share: f64,
+    /// Busy workers still take requests of a tenant below the mean in flight at the
+    /// model (docs/behaviour.md §8.13): true by default with `tenant_header`.
+    pub busy_spares_light_tenants: bool,
     pub load_staleness_ms: u64,
     pub scrape_interval_ms: u64,
     pub monitor_interval_ms: u64,

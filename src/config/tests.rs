@@ -27,12 +27,20 @@ fn minimal_defaults() {
     let c = parse(&format!("client_budget_header = \" X-Budget-Ms\"\n{MIN}")).unwrap();
     assert_eq!(c.client_budget_header.as_deref(), Some("x-budget-ms"));
     assert_eq!((c.tenant_header, c.tenant_room_share), (None, 1.0));
+    assert!(!c.busy_spares_light_tenants);
     let c = parse(&format!(
         "tenant_header = \"Authorization\"\ntenant_room_share = 0.25\n{MIN}"
     ))
     .unwrap();
     assert_eq!(c.tenant_header.as_deref(), Some("authorization"));
     assert_eq!(c.tenant_room_share, 0.25);
+    assert!(c.busy_spares_light_tenants, "on by default with tenants");
+    let off = "tenant_header = \"x-tenant\"\nbusy_spares_light_tenants = false\n";
+    assert!(
+        !parse(&format!("{off}{MIN}"))
+            .unwrap()
+            .busy_spares_light_tenants
+    );
 }
 
 #[test]
@@ -45,6 +53,10 @@ fn tenant_settings_are_checked() {
         (
             "tenant_header = \"x-tenant\"\ntenant_room_share = 1.5\n",
             "tenant_room_share (line 2): must be greater than 0 and at most 1",
+        ),
+        (
+            "busy_spares_light_tenants = true\n",
+            "busy_spares_light_tenants (line 1): requests have no tenant: set `tenant_header` too",
         ),
     ];
     for (toml, want) in cases {

@@ -59,6 +59,19 @@ impl<'a> Validator<'a> {
         }
     }
 
+    /// `busy_spares_light_tenants`: true by default with a tenant header; only with one.
+    fn busy_spares_light_tenants(&self, f: &FileConfig) -> Result<bool, ConfigError> {
+        match &f.busy_spares_light_tenants {
+            None => Ok(f.tenant_header.is_some()),
+            Some(v) if f.tenant_header.is_none() => self.err(
+                "busy_spares_light_tenants",
+                Some(v.span()),
+                "requests have no tenant: set `tenant_header` too",
+            ),
+            Some(v) => Ok(*v.get_ref()),
+        }
+    }
+
     pub(super) fn positive<T: Copy + PartialOrd + Default>(
         &self,
         key: &str,
@@ -122,6 +135,7 @@ impl<'a> Validator<'a> {
                 .header_name("client_budget_header", &f.client_budget_header)?,
             tenant_header: self.header_name("tenant_header", &f.tenant_header)?,
             tenant_room_share: self.tenant_room_share(&f)?,
+            busy_spares_light_tenants: self.busy_spares_light_tenants(&f)?,
             load_staleness_ms: self.positive(
                 "load_staleness_ms",
                 &f.load_staleness_ms,

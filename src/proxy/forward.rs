@@ -54,9 +54,12 @@ pub(super) async fn forward(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>) -> Forward
     cells.classed(req.class);
     cells.isl.observe_count(&ISL_BUCKETS, req.prompt_tokens);
     let inflight = Inflight::start(cells);
+    let model: &Model = req.model;
+    let of_tenant = model.tenants.as_deref().map(|t| t.enter(req.tenant));
     let mut stage = InStage::enter(cells, Stage::Route);
     let result = attempts(ctx, ex, &mut stage).await;
     drop(stage);
+    drop(of_tenant);
     drop(inflight);
     let req = &ex.req;
     let outcome = match result {

@@ -1,11 +1,11 @@
 //! Stage: pick a worker. The router (`route::pick`, pure) sees each member's state as
 //! this core's busy replica, the prefill this core routed since that replica was
 //! published, the workers' shared marks, their health and this request's own failures
-//! have it; nothing reachable → 503, only busy ones → the overload status. A worker out
-//! of rotation by health is unreachable unless its model panics; one waiting for its
-//! trial takes the one request that claims it. Recent failures on this core count as
-//! requests in flight. The direct and `kv` picks and the cold paths are never inlined
-//! (see `forward.rs`).
+//! have it; nothing reachable → 503, only busy ones → the overload status (busy workers
+//! still take a light tenant's request). A worker out of rotation by health is
+//! unreachable unless its model panics; one waiting for its trial takes the one request
+//! that claims it. Recent failures on this core count as requests in flight. The direct
+//! and `kv` picks and the cold paths are never inlined (see `forward.rs`).
 
 use super::admit::at_capacity;
 use super::core::CoreCtx;
@@ -121,7 +121,9 @@ fn pick_once<'s>(
     let (model, snap) = (req.model, req.snap);
     let mut cache = ctx.busy.borrow_mut();
     let busy = cache.load();
-    let shed = busy.enabled(model.id);
+    // A tenant below the mean in flight is spared the busy rule (docs/behaviour.md §8.13).
+    let light = (model.tenants.as_deref()).is_some_and(|t| t.light(req.tenant));
+    let shed = busy.enabled(model.id) && !light;
     let panic = busy.panics(model.id);
     let kv_mode = model.kv.is_some();
     let why = |i: usize| busy_why(ctx, req, busy, i);

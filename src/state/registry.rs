@@ -10,7 +10,7 @@ use std::sync::Arc;
 use super::counters::ModelMetrics;
 use super::snapshot::{KvRouting, Member, Model, ModelRoom, Responses, Snapshot, Worker};
 use super::worker::WorkerState;
-use crate::admission::{Gate, Room, class_slots};
+use crate::admission::{Gate, InFlight, Room, class_slots};
 use crate::config::{Addrs, Classes, Config, ModelConfig, WorkerConfig};
 use crate::route::cache::PredictedCache;
 use crate::route::{KvSettings, RouterMode};
@@ -41,6 +41,9 @@ pub struct Registry {
     member_ids: HashMap<(String, String), u32>,
     kv: HashMap<String, (KvKey, Arc<KvRouting>)>,
     rooms: HashMap<String, Arc<Room>>,
+    /// Each model's requests in flight per tenant, while the busy rule spares light
+    /// tenants.
+    tenants: HashMap<String, Arc<InFlight>>,
 }
 
 impl Registry {
@@ -59,6 +62,7 @@ impl Registry {
             member_ids: HashMap::new(),
             kv: HashMap::new(),
             rooms: HashMap::new(),
+            tenants: HashMap::new(),
         }
     }
 
@@ -165,6 +169,7 @@ impl Registry {
         self.gates.retain(|k, _| live.contains(k));
         self.kv
             .retain(|name, _| config.models.iter().any(|m| m.name == *name));
+        (self.tenants).retain(|name, _| config.models.iter().any(|m| m.name == *name));
         self.rooms.retain(|name, _| {
             (config.models.iter()).any(|m| m.name == *name && m.waiting_room.is_some())
         });
@@ -205,7 +210,18 @@ impl Registry {
             kv,
             stall_check_ms: (m.health_check.as_ref()).map(|c| (c.interval_ms, c.timeout_ms)),
             room: self.room(m, config.tenant_room_share),
+            tenants: self.tenants(m, config),
         }
+    }
+
+    /// A model's tenants in flight, kept across reloads (each request uncounts itself
+    /// from the table it counted itself in), while the busy rule spares light tenants.
+    fn tenants(&mut self, m: &ModelConfig, config: &Config) -> Option<Arc<InFlight>> {
+        if !config.busy_spares_light_tenants {
+            self.tenants.remove(&m.name);
+            return None;
+        }
+        Some(self.tenants.entry(m.name.clone()).or_default().clone())
     }
 
     /// A model's room survives a reload that keeps its size (its waiters stay in line);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use super::counters::ModelMetrics;
 use super::worker::WorkerState;
-use crate::admission::{Gate, Room};
+use crate::admission::{Gate, InFlight, Room};
 use crate::config::{Config, WaitingRoom, WorkerConfig};
 use crate::http::canned::{Canned, messages};
 use crate::route::cache::PredictedCache;
@@ -68,6 +68,9 @@ pub struct Model {
     pub stall_check_ms: Option<(u64, u64)>,
     /// Its waiting room and how long requests may wait there (docs/behaviour.md §8.12).
     pub room: Option<ModelRoom>,
+    /// Its requests in flight per tenant, when the busy rule spares light tenants
+    /// (docs/behaviour.md §8.13).
+    pub tenants: Option<Arc<InFlight>>,
 }
 
 /// A model's waiting room, shared by every core and kept across reloads that keep its
