@@ -534,6 +534,16 @@ fn busy_workers_still_take_a_light_tenants_request() {
             });
             let r = once(p.data_addr, &as_tenant("light", "second"));
             assert_eq!(r.status, 529, "at the mean: {}", r.text());
+            let (n, series) = scrape_family(p.admin_addr, "spillway_tenant_requests");
+            assert_eq!(n, 3.0, "heavy's 2 and light's 1 in flight");
+            assert!(series == 1 || series == 2, "{series} tenant buckets");
+            let text = metrics(p.admin_addr);
+            if let Some(problems) = promtool_problems(&text) {
+                assert!(problems.is_empty(), "promtool: {problems:?}\n{text}");
+            }
+        } else {
+            let (_, series) = scrape_family(p.admin_addr, "spillway_tenant_requests");
+            assert_eq!(series, 0, "nothing counted without the rule");
         }
         w.release(3);
         let light = light.join().unwrap();

@@ -307,6 +307,8 @@ fn tenants_take_turns_in_the_room() {
         sent.push(h);
     }
     sent.push(wait_in_room_as(&p, "light", "light", 4.0));
+    let per_tenant = "spillway_waiting_room_tenant_requests";
+    assert_eq!(scrape_family(p.admin_addr, per_tenant).0, 5.0);
     for n in 1..=6 {
         w.release(1);
         eventually("next runs", Duration::from_secs(5), || {

@@ -281,6 +281,11 @@ impl Room {
         self.tenants[bucket].waiting.load(Ordering::Acquire)
     }
 
+    /// Waiters per tenant bucket, by bucket number (for metrics).
+    pub fn waiting_by_bucket(&self) -> impl Iterator<Item = u64> + '_ {
+        (self.tenants.iter()).map(|t| t.waiting.load(Ordering::Relaxed))
+    }
+
     /// Places one tenant may hold.
     pub fn tenant_capacity(&self) -> u64 {
         self.tenant_cap.load(Ordering::Relaxed)

@@ -63,6 +63,11 @@ impl InFlight {
     pub fn of(&self, tenant: u64) -> u64 {
         self.by_bucket[bucket(tenant)].load(Ordering::Relaxed)
     }
+
+    /// Requests in flight per bucket, by bucket number (for metrics).
+    pub fn by_bucket(&self) -> impl Iterator<Item = u64> + '_ {
+        self.by_bucket.iter().map(|c| c.load(Ordering::Relaxed))
+    }
 }
 
 /// One request counted in an [`InFlight`]; dropping it uncounts it.

@@ -259,6 +259,42 @@ fn rooms_of(snap: &Snapshot, value: &dyn Fn(&Model) -> f64) -> Series {
         .collect()
 }
 
+/// Per tenant bucket (docs/behaviour.md §8.13), the buckets with any: a model's requests
+/// in flight (while the busy rule spares light tenants) and its room's waiters. A bucket is
+/// a number, never a tenant's value: at most 64 series per model.
+fn tenants(f: &mut Families, snap: &Snapshot) {
+    let per_bucket = |counts: &mut dyn Iterator<Item = u64>, model: &str, out: &mut Series| {
+        for (b, n) in counts.enumerate().filter(|(_, n)| *n > 0) {
+            let bucket = b.to_string();
+            let l = labels(&[("model", model), ("tenant_bucket", &bucket)]);
+            out.push((l, n as f64));
+        }
+    };
+    let (mut inflight, mut waiting) = (Series::new(), Series::new());
+    for m in snap.models.iter() {
+        if let Some(t) = &m.tenants {
+            per_bucket(&mut t.by_bucket(), &m.name, &mut inflight);
+        }
+        if let Some(r) = m
+            .room
+            .as_ref()
+            .filter(|_| snap.config.tenant_header.is_some())
+        {
+            per_bucket(&mut r.room.waiting_by_bucket(), &m.name, &mut waiting);
+        }
+    }
+    f.gauge(
+        "spillway_tenant_requests",
+        "Requests in flight at the model per tenant bucket (a hash of the tenant_header value over 64 buckets), while the busy rule spares light tenants",
+        inflight,
+    );
+    f.gauge(
+        "spillway_waiting_room_tenant_requests",
+        "Requests waiting in the model's waiting room per tenant bucket (a hash of the tenant_header value over 64 buckets)",
+        waiting,
+    );
+}
+
 /// Worker admission (engine slots and overflow queue), for workers with a limit.
 fn admission(f: &mut Families, snap: &Snapshot) {
     let gates: Vec<_> = snap
@@ -322,6 +358,7 @@ fn admission(f: &mut Families, snap: &Snapshot) {
         "Waits in the model's waiting room, however they ended (a slot, a refusal, the client gone)",
         waits,
     );
+    tenants(f, snap);
     f.gauge(
         "spillway_waiting_room_release_rate",
         "Slots the model's workers gave back per second while requests waited in its room, as last measured (0: not yet)",

@@ -52,6 +52,16 @@ pub fn scrape(admin: SocketAddr, series: &str) -> Option<f64> {
     metric_value(&metrics(admin), series)
 }
 
+/// The sum of every labelled series of `family` on the admin port, and how many there are.
+pub fn scrape_family(admin: SocketAddr, family: &str) -> (f64, usize) {
+    let prefix = format!("{family}{{");
+    let values: Vec<f64> = (metrics(admin).lines())
+        .filter(|l| l.starts_with(&prefix))
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect();
+    (values.iter().sum(), values.len())
+}
+
 /// Waits (up to 10 s) until `worker`'s slots, queue and in-flight count and `model`'s
 /// in-flight count are all back to zero: whatever happened, every slot was given back.
 pub fn counters_back_to_zero(admin: SocketAddr, model: &str, worker: &str) {

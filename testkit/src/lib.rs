@@ -30,7 +30,7 @@ pub mod wait;
 
 pub use admin::{
     admin_call, admin_get, admin_post, counters_back_to_zero, metric_value, metrics,
-    promtool_problems, scrape,
+    promtool_problems, scrape, scrape_family,
 };
 pub use client::{Client, Response, chat, get, once, post, post_with, spawn_request, tagged};
 pub use overlap::{Handled, most_open_at_once};
