@@ -8,7 +8,9 @@
 //! `kv` mode (`route_kv`): the whole decision as `proxy::pick` makes it, `route::decide_kv`
 //! on the core's scratch: hash a chat prompt of 4 KiB or 64 KiB (chunks of 16 tokens),
 //! look up the predicted-cache index for every eligible member (one of them holds the
-//! first half of the prompt, the others the system prompt), cost, pick and record.
+//! first half of the prompt, the others the system prompt), cost and pick, then
+//! `route::record_kv` on the same scratch, as `proxy::pick::bound` records it once the
+//! request is bound.
 
 #[path = "fleet.rs"]
 mod fleet;
@@ -159,7 +161,7 @@ fn kv_routing(c: &mut Criterion) {
                     unreachable: j != i,
                     ..all(j)
                 };
-                route::decide_kv(
+                let d = route::decide_kv(
                     &kv.cache,
                     &kv.settings,
                     other.as_bytes(),
@@ -170,6 +172,8 @@ fn kv_routing(c: &mut Criterion) {
                     now,
                     &mut rng,
                 );
+                let seen = (other.as_bytes(), Some(d.chunks));
+                route::record_kv(&kv.cache, &kv.settings, seen, i, &mut scratch, now);
             }
             let half = messages(1, kib * 512);
             let to_2 = |j: usize| MemberState {
@@ -177,7 +181,7 @@ fn kv_routing(c: &mut Criterion) {
                 ..MemberState::default()
             };
             let mut rng = Rng::new(7);
-            route::decide_kv(
+            let d = route::decide_kv(
                 &kv.cache,
                 &kv.settings,
                 half.as_bytes(),
@@ -188,6 +192,8 @@ fn kv_routing(c: &mut Criterion) {
                 now,
                 &mut rng,
             );
+            let seen = (half.as_bytes(), Some(d.chunks));
+            route::record_kv(&kv.cache, &kv.settings, seen, 2, &mut scratch, now);
             let d = route::decide_kv(
                 &kv.cache,
                 &kv.settings,
@@ -210,7 +216,7 @@ fn kv_routing(c: &mut Criterion) {
                 &kib,
                 |b, _| {
                     b.iter(|| {
-                        black_box(route::decide_kv(
+                        let d = route::decide_kv(
                             &kv.cache,
                             &kv.settings,
                             black_box(prompt.as_bytes()),
@@ -220,7 +226,20 @@ fn kv_routing(c: &mut Criterion) {
                             &mut scratch,
                             now,
                             &mut rng,
-                        ))
+                        );
+                        if let Pick::Member(i) = d.pick {
+                            let seen = (prompt.as_bytes(), Some(d.chunks));
+                            let r = route::record_kv(
+                                &kv.cache,
+                                &kv.settings,
+                                seen,
+                                i,
+                                &mut scratch,
+                                now,
+                            );
+                            black_box(r);
+                        }
+                        black_box(d)
                     })
                 },
             );

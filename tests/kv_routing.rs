@@ -183,3 +183,59 @@ fn a_refusal_migrates_and_rescores_without_the_refuser() {
         "{m}"
     );
 }
+
+/// With a waiting room, the index and the per-worker counts note only the worker a
+/// request is bound to: a turn whose history is on a worker with no free slot waits in
+/// the room and goes to the worker that frees one, and nothing of it is noted at the
+/// first (docs/behaviour.md §8.12).
+#[test]
+fn a_waiter_is_noted_only_where_it_is_bound() {
+    let held = [Held::new("w0"), Held::new("w1")];
+    let mut toml =
+        "[[models]]\nname = \"m\"\nrouter_mode = \"kv\"\nwaiting_room_size = 4\n".to_string();
+    for (i, h) in held.iter().enumerate() {
+        toml += &format!(
+            "[[models.workers]]\nurl = \"{}\"\nname = \"w{i}\"\nengine_request_limit = 1\n",
+            h.url()
+        );
+    }
+    let p = proxy(1, &toml);
+    let routed = |w: usize| {
+        scrape(
+            p.admin_addr,
+            &format!("spillway_kv_routed_blocks_total{{worker=\"w{w}\"}}"),
+        )
+        .unwrap_or(0.0)
+    };
+    let first = spawn_request(p.data_addr, turn(0, 0));
+    let std_secs = std::time::Duration::from_secs(5);
+    eventually("the first turn runs", std_secs, || {
+        held[0].up.count() + held[1].up.count() == 1
+    });
+    let x = usize::from(held[0].up.count() == 0);
+    let y = 1 - x;
+    let other = spawn_request(p.data_addr, turn(1, 0));
+    eventually("another conversation runs", std_secs, || {
+        held[y].up.count() == 1
+    });
+    let at_x = routed(x);
+    assert!(at_x > 0.0);
+    // Conversation 0's next turn: its history is at x, whose only slot is taken.
+    let next = spawn_request(p.data_addr, turn(0, 1));
+    eventually("it waits in the room", std_secs, || {
+        scrape(p.admin_addr, "spillway_waiting_room_requests{model=\"m\"}") == Some(1.0)
+    });
+    let before_y = routed(y);
+    held[y].release(2);
+    assert_eq!(other.join().unwrap().status, 200);
+    assert_eq!(next.join().unwrap().status, 200);
+    assert_eq!(
+        held[y].up.count(),
+        2,
+        "the waiter went to the worker that freed a slot"
+    );
+    assert_eq!(routed(x), at_x, "nothing of the waiter was noted at x");
+    assert!(routed(y) > before_y);
+    held[x].release(1);
+    assert_eq!(first.join().unwrap().status, 200);
+}

@@ -283,6 +283,14 @@ impl Gate {
         })
     }
 
+    /// Whether a request of `class` would take a slot now, by a reading: a hint (a
+    /// decision uses [`Gate::look`] or [`Gate::try_take`]).
+    pub fn has_room_for(&self, class: Class) -> bool {
+        let n = u64::from(self.class_limits[class.index()]);
+        let (l, r, _) = counts(self.word.load(Ordering::Acquire));
+        l == 0 && r < n
+    }
+
     /// Whether a request of `class` would take a slot now ([`Gate::try_take`] without
     /// taking it), by a read-modify-write of the word for the same reason.
     pub fn look(&self, class: Class) -> bool {

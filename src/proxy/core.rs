@@ -55,6 +55,8 @@ pub struct CoreCtx {
     request_salt: u64,
     /// `kv` routing's scratch: the chunk hashes of the request being routed.
     pub kv_hashes: RefCell<Box<[u64]>>,
+    /// `kv` decisions made on this core so far: which one the scratch holds.
+    pub kv_decisions: Cell<u64>,
     /// This core's end of the access log (`None` in contexts built without one).
     pub log: RefCell<Option<CoreLog>>,
     /// Process-clock ms of the last refusal logged per knob (refusal logs are rate-limited).
@@ -96,6 +98,7 @@ impl CoreCtx {
             request_salt: Rng::new(seed ^ 0xdead_beef).next_u64(),
             refusal_logged_ms: std::array::from_fn(|_| Cell::new(0)),
             kv_hashes: RefCell::new(vec![0; MAX_CHUNKS].into_boxed_slice()),
+            kv_decisions: Cell::new(0),
             log: RefCell::new(None),
             shared,
         }

@@ -16,9 +16,9 @@ use super::error::{AttemptError, Refusal, RequestError};
 use super::exchange::{Exchange, Outbound};
 use super::guards::{InStage, Inflight, RetryPlace};
 use super::log::ClosedBy;
-use super::pick::{Excluded, Unpicked, pick};
+use super::pick::{Excluded, Unpicked, bound, pick};
 use super::response::failed;
-use super::room::{Stay, Unbound, bind};
+use super::room::{Stay, Unbound, bind, first_pick};
 use crate::http::limits::{INITIAL_READ_BUF, MAX_WORKER_ID_LEN};
 use crate::route::RouterMode;
 use crate::runtime::clock;
@@ -206,19 +206,24 @@ async fn attempts(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, stage: &mut InStage<
         stage.set(Some(Stage::Route));
         let now = clock::now_ms();
         let (id, excluded) = (worker_id.get(), tries.excluded);
-        let picked = pick(ctx, &ex.req, id, ex.prompt(), excluded, now);
         // A model's waiting room takes a request that no worker refused and none failed
         // once it had it: it may wait there for any worker.
         let room = model.room.as_ref().filter(|_| tries.may_wait());
-        let (picked, held) = match (picked, room) {
-            (Ok(picked), None) => (picked, None),
-            (Err(none), None) => return unpicked(none, &tries),
-            (picked, Some(room)) => match bind(ctx, ex, picked, room, &mut tries.stay).await {
-                Ok(bound) => (bound.picked, Some(bound.slot)),
-                Err(Unbound::Unpicked(none)) => return unpicked(none, &tries),
-                Err(Unbound::Ended(e)) => return ended(ctx, ex, e),
+        let (picked, held) = match room {
+            None => match pick(ctx, &ex.req, id, ex.prompt(), excluded, now) {
+                Ok(picked) => (picked, None),
+                Err(none) => return unpicked(none, &tries),
             },
+            Some(room) => {
+                let first = first_pick(ctx, &ex.req, (id, ex.prompt()), excluded, now);
+                match bind(ctx, ex, first, room, &mut tries.stay).await {
+                    Ok(bound) => (bound.picked, Some(bound.slot)),
+                    Err(Unbound::Unpicked(none)) => return unpicked(none, &tries),
+                    Err(Unbound::Ended(e)) => return ended(ctx, ex, e),
+                }
+            }
         };
+        bound(ctx, &ex.req, ex.prompt(), &picked, clock::now_ms());
         let pos = picked.member;
         if model.kv.is_some() && !tries.cached_observed {
             tries.cached_observed = true;

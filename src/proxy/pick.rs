@@ -5,7 +5,9 @@
 //! still take a light tenant's request). A worker out of rotation by health is
 //! unreachable unless its model panics; one waiting for its trial takes the one request
 //! that claims it. Recent failures on this core count as requests in flight. The direct
-//! and `kv` picks and the cold paths are never inlined (see `forward.rs`).
+//! and `kv` picks and the cold paths are never inlined (see `forward.rs`). A pick notes
+//! nothing: [`bound`] notes the member the request is bound to (the prefill routed there,
+//! `kv` mode's prediction), once it has a slot there.
 
 use super::admit::at_capacity;
 use super::core::CoreCtx;
@@ -21,7 +23,7 @@ use crate::state::{BusySet, KvRouting, WorkerState};
 /// Members this request must not use again: `failed` (connect failures, like down) and
 /// `refused` (worker-local refusals, like busy). Bit i is member i; pools beyond 128
 /// members rely on the shared down marks and refusal holds alone.
-#[derive(Debug, Default, Clone, Copy)]
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(super) struct Excluded {
     failed: u128,
     refused: u128,
@@ -57,6 +59,19 @@ pub(super) struct Picked {
     /// Prompt tokens predicted cached there (`kv` mode; 0 otherwise): tracked as KV
     /// blocks, not as prefill work.
     pub cached_tokens: u64,
+    /// `kv` mode: what its decision found, for [`bound`].
+    kv: Option<KvNote>,
+}
+
+/// A `kv` decision's findings, noted once the request is bound.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct KvNote {
+    /// The core's decision count when it was made: its scratch still holds the prompt's
+    /// hashes while no other decision followed.
+    decision: u64,
+    chunks: usize,
+    overlap: u32,
+    blocks: u64,
 }
 
 /// Why no member was picked: the client's answer, and the gate of the held worker whose
@@ -146,20 +161,16 @@ fn pick_once<'s>(
         s
     };
     let n = model.members.len();
-    let picked = |member: usize, cached_tokens: u64| {
-        let worker = &snap.workers[model.members[member].worker as usize];
-        let prefill = req.prompt_tokens.saturating_sub(cached_tokens);
-        ctx.note_routed(worker.state.slot as usize, busy.generation, prefill);
-        Picked {
-            member,
-            cached_tokens,
-        }
+    let picked = |member: usize, kv: Option<KvNote>| Picked {
+        member,
+        cached_tokens: kv.map_or(0, |k| u64::from(k.overlap) * kv_block(req)),
+        kv,
     };
     if model.router_mode == RouterMode::Direct {
         let why = |i: usize| why(i).flatten();
-        return Ok(picked(pick_direct(req, worker_id, why, state, now)?, 0));
+        return Ok(picked(pick_direct(req, worker_id, why, state, now)?, None));
     }
-    let (pick_result, cached_tokens) = if let Some(kv) = model.kv.as_deref() {
+    let (pick_result, note) = if let Some(kv) = model.kv.as_deref() {
         pick_kv(ctx, req, kv, prompt, state, now)
     } else {
         let mut rr = ctx.rr(model.id);
@@ -171,10 +182,10 @@ fn pick_once<'s>(
             &mut ctx.rng.borrow_mut(),
         );
         ctx.set_rr(model.id, rr);
-        (picked, 0)
+        (picked, None)
     };
     match pick_result {
-        Pick::Member(member) => Ok(picked(member, cached_tokens)),
+        Pick::Member(member) => Ok(picked(member, note)),
         // Nothing busy by the busy rule: what excluded the rest were worker-local
         // refusals (this request's, or holds since the last publish). Say so, with the
         // figures of the held worker with the most room.
@@ -225,6 +236,11 @@ fn held_full<'s>(
         answer: answer(held.map(|(why, _)| why)),
         held: held.map(|(_, gate)| gate),
     }
+}
+
+/// `kv` mode's block size.
+fn kv_block(req: &Outbound<'_>) -> u64 {
+    (req.model.kv.as_ref()).map_or(1, |k| u64::from(k.settings.kv_cache_block_size.max(1)))
 }
 
 /// `kv` mode's load of a worker: active prefill tokens and decode blocks, each of its
@@ -290,8 +306,8 @@ fn pick_direct<'s>(
     })
 }
 
-/// `kv` mode: the decision (`route::decide_kv`) on this core's scratch, and its metrics;
-/// with the prompt tokens predicted cached on the member picked.
+/// `kv` mode: the decision (`route::decide_kv`) on this core's scratch and the router's
+/// overhead; with what [`bound`] notes if the request is bound to the member picked.
 #[inline(never)]
 fn pick_kv(
     ctx: &CoreCtx,
@@ -300,7 +316,7 @@ fn pick_kv(
     prompt: &[u8],
     state: impl Fn(usize) -> MemberState,
     now: u64,
-) -> (Pick, u64) {
+) -> (Pick, Option<KvNote>) {
     let started = clock::now();
     let n = req.model.members.len();
     let d = route::decide_kv(
@@ -314,21 +330,56 @@ fn pick_kv(
         now,
         &mut ctx.rng.borrow_mut(),
     );
-    if let Pick::Member(i) = d.pick {
-        let cells = &req.model.metrics.cores[ctx.id];
-        let hit = match d.blocks {
-            0 => 0.0,
-            b => f64::from(d.overlap) / b as f64,
-        };
-        cells.kv_hit_rate.observe(&KV_HIT_BUCKETS, hit);
-        cells.kv_recorded(d.recorded.added, d.recorded.evicted);
-        let worker = &req.snap.workers[req.model.members[i].worker as usize].state;
-        worker.kv_hit(ctx.id, u64::from(d.overlap), d.blocks);
-        let secs = clock::since(started).as_secs_f64();
-        cells.router_overhead.observe(&OVERHEAD_BUCKETS, secs);
-    }
-    let block = u64::from(kv.settings.kv_cache_block_size.max(1));
-    (d.pick, u64::from(d.overlap) * block)
+    let decision = ctx.kv_decisions.get().wrapping_add(1);
+    ctx.kv_decisions.set(decision);
+    let Pick::Member(_) = d.pick else {
+        return (d.pick, None);
+    };
+    let cells = &req.model.metrics.cores[ctx.id];
+    let secs = clock::since(started).as_secs_f64();
+    cells.router_overhead.observe(&OVERHEAD_BUCKETS, secs);
+    let note = KvNote {
+        decision,
+        chunks: d.chunks,
+        overlap: d.overlap,
+        blocks: d.blocks,
+    };
+    (d.pick, Some(note))
+}
+
+/// Notes the member a request is bound to (with a slot there, or none to take): the
+/// prefill routed there (each core's own count until the next busy set), and in `kv`
+/// mode the prediction that it holds the prompt now, with the hit-rate metrics. `prompt`
+/// is the request's prompt value.
+pub(super) fn bound(ctx: &CoreCtx, req: &Outbound<'_>, prompt: &[u8], picked: &Picked, now: u64) {
+    let worker = &req.snap.workers[req.model.members[picked.member].worker as usize];
+    let generation = ctx.busy.borrow_mut().load().generation;
+    let prefill = req.prompt_tokens.saturating_sub(picked.cached_tokens);
+    ctx.note_routed(worker.state.slot as usize, generation, prefill);
+    let (Some(kv), Some(note)) = (req.model.kv.as_deref(), picked.kv) else {
+        return;
+    };
+    // The scratch holds this prompt's hashes unless another decision came since.
+    let chunks = Some(note.chunks).filter(|_| ctx.kv_decisions.get() == note.decision);
+    let scratch = &mut ctx.kv_hashes.borrow_mut();
+    let recorded = route::record_kv(
+        &kv.cache,
+        &kv.settings,
+        (prompt, chunks),
+        picked.member,
+        scratch,
+        now,
+    );
+    let cells = &req.model.metrics.cores[ctx.id];
+    let hit = match note.blocks {
+        0 => 0.0,
+        b => f64::from(note.overlap) / b as f64,
+    };
+    cells.kv_hit_rate.observe(&KV_HIT_BUCKETS, hit);
+    cells.kv_recorded(recorded.added, recorded.evicted);
+    worker
+        .state
+        .kv_hit(ctx.id, u64::from(note.overlap), note.blocks);
 }
 
 /// Why the least busy of `n` busy members is busy (the one closest to its threshold), by

@@ -16,11 +16,12 @@ use std::time::{Duration, Instant};
 use super::admit::{Budget, Slot};
 use super::core::CoreCtx;
 use super::error::{AttemptError, Refusal, RequestError};
-use super::exchange::Exchange;
+use super::exchange::{Exchange, Outbound};
 use super::pick::{Excluded, Picked, Unpicked, pick};
 use super::watch::{Interrupt, watched};
 use crate::admission::{Room, Turned, Waiter};
 use crate::config::WaitingRoom;
+use crate::route::RouterMode;
 use crate::runtime::clock;
 use crate::shed::{Knob, Why};
 use crate::state::ModelRoom;
@@ -39,6 +40,44 @@ pub(super) enum Unbound<'s> {
     /// No worker may take it (busy, held or away) and it may wait no longer, or not at
     /// all: the pick's answer.
     Unpicked(Unpicked<'s>),
+}
+
+/// The first pick of a request that may wait in the room.
+pub(super) enum First<'s> {
+    /// A member whose gate read free when picked.
+    Picked(Picked),
+    /// The members eligible but for their gates read full: it waits for a slot.
+    Full,
+    /// No member may take it (busy, held, away): the router's answer.
+    Unpicked(Unpicked<'s>),
+}
+
+/// Picks among the members whose gates read free now (a reading, no write), so that what
+/// a pick notes goes to a worker that can take the request; when that leaves out members
+/// the router could have picked, the request waits for a slot (as a look does). Direct
+/// mode picks its named worker whatever its gate reads.
+pub(super) fn first_pick<'s>(
+    ctx: &CoreCtx,
+    req: &Outbound<'s>,
+    (worker_id, prompt): (Option<&[u8]>, &[u8]),
+    excluded: Excluded,
+    now: u64,
+) -> First<'s> {
+    let (snap, model) = (req.snap, req.model);
+    let mut free = excluded;
+    if model.router_mode != RouterMode::Direct {
+        for (i, m) in model.members.iter().enumerate() {
+            let gate = snap.workers[m.worker as usize].gate.as_deref();
+            if gate.is_some_and(|g| !g.has_room_for(req.class)) {
+                free.refused(i);
+            }
+        }
+    }
+    match pick(ctx, req, worker_id, prompt, free, now) {
+        Ok(picked) => First::Picked(picked),
+        Err(_) if free != excluded => First::Full,
+        Err(none) => First::Unpicked(none),
+    }
 }
 
 /// What a look at the model's workers found.
@@ -87,18 +126,20 @@ fn may_wait(none: &Unpicked<'_>, settings: &WaitingRoom, stay: &mut Stay) -> boo
 pub(super) async fn bind<'s>(
     ctx: &CoreCtx,
     ex: &mut Exchange<'_, 's>,
-    first: Result<Picked, Unpicked<'s>>,
+    first: First<'s>,
     room: &'s ModelRoom,
     stay: &mut Stay,
 ) -> Result<Bound<'s>, Unbound<'s>> {
     let (settings, room) = (&room.settings, &*room.room);
     let last = match first {
-        Err(none) if !may_wait(&none, settings, stay) => return Err(Unbound::Unpicked(none)),
-        Err(none) => Some(none),
+        First::Unpicked(none) if !may_wait(&none, settings, stay) => {
+            return Err(Unbound::Unpicked(none));
+        }
+        First::Unpicked(none) => Some(none),
         // Nobody of its class or a more important one waits: the picked worker's free
         // slot is its own (one waiter of a less important class cannot take, say for its
         // share).
-        Ok(first) if room.waiting_ahead(ex.req.class) == 0 => {
+        First::Picked(first) if room.waiting_ahead(ex.req.class) == 0 => {
             let worker = &ex.req.snap.workers[ex.req.model.members[first.member].worker as usize];
             let ticket = match worker.gate.as_deref() {
                 None => Some(None),
@@ -113,7 +154,7 @@ pub(super) async fn bind<'s>(
             }
             None
         }
-        Ok(_) => None,
+        First::Picked(_) | First::Full => None,
     };
     let waiter = match room.enter(ex.req.class, ex.req.tenant) {
         Ok(w) => w,

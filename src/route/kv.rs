@@ -1,7 +1,8 @@
 //! `kv` routing (docs/behaviour.md §4.7): Dynamo's cost over the members' predicted cached prefixes
 //! and loads, and the whole decision as the data path makes it (hash the prompt, look up
-//! the index, pick, record the prediction). Pure apart from the index's atomics; `now` is
-//! an argument.
+//! the index, pick). The prediction is recorded apart ([`record_kv`]), once the request
+//! is bound to the member picked. Pure apart from the index's atomics; `now` is an
+//! argument.
 
 use super::cache::{MAX_MEMBERS, PredictedCache, Recorded};
 use super::prefix::{chunk_bytes, prompt_hashes};
@@ -112,13 +113,13 @@ pub struct KvDecision {
     pub blocks: u64,
     /// Blocks predicted cached on the chosen member.
     pub overlap: u32,
-    /// What recording the prediction changed in the index.
-    pub recorded: Recorded,
+    /// The prompt's chunk hashes are `scratch[..chunks]`.
+    pub chunks: usize,
 }
 
 /// The whole `kv` decision: hash the prompt value's chunks into `scratch`, look up each
-/// eligible member's predicted overlap, pick by cost, and record that the chosen member
-/// now holds the prefix.
+/// eligible member's predicted overlap, and pick by cost. Nothing is recorded: the pick
+/// may not take the request (a full gate sends it to the waiting room).
 #[allow(clippy::too_many_arguments)]
 pub fn decide_kv(
     cache: &PredictedCache,
@@ -142,16 +143,32 @@ pub fn decide_kv(
     let overlap = |i: usize| overlaps.get(i).copied().unwrap_or(0);
     let blocks = prompt_tokens.div_ceil(u64::from(block_size));
     let pick = pick_kv(n, &state, overlap, blocks, kv, rng);
-    let (chosen, recorded) = match pick {
-        Pick::Member(i) => (overlap(i), cache.record(hashes, i, now_ms)),
-        _ => (0, Recorded::default()),
+    let chosen = match pick {
+        Pick::Member(i) => overlap(i),
+        _ => 0,
     };
     KvDecision {
         pick,
         blocks,
         overlap: chosen,
-        recorded,
+        chunks,
     }
+}
+
+/// Records that `member` now holds the prompt: its chunk hashes are `scratch[..chunks]`
+/// when `chunks` is given (the scratch its decision filled, untouched since), else the
+/// prompt is hashed into `scratch` again.
+pub fn record_kv(
+    cache: &PredictedCache,
+    kv: &KvSettings,
+    (prompt, chunks): (&[u8], Option<usize>),
+    member: usize,
+    scratch: &mut [u64],
+    now_ms: u64,
+) -> Recorded {
+    let block_size = kv.kv_cache_block_size.max(1);
+    let chunks = chunks.unwrap_or_else(|| prompt_hashes(prompt, chunk_bytes(block_size), scratch));
+    cache.record(&scratch[..chunks.min(scratch.len())], member, now_ms)
 }
 
 #[cfg(test)]

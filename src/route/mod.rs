@@ -7,7 +7,7 @@ mod kv;
 pub mod peek;
 pub mod prefix;
 
-pub use kv::{KvDecision, KvSettings, decide_kv, pick_kv};
+pub use kv::{KvDecision, KvSettings, decide_kv, pick_kv, record_kv};
 
 /// How a model's pool picks a worker (docs/behaviour.md §4.4–§4.5); busy and down workers are skipped in
 /// every mode.
