@@ -223,7 +223,7 @@ async fn attempts(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, stage: &mut InStage<
                 }
             }
         };
-        bound(ctx, &ex.req, ex.prompt(), &picked, clock::now_ms());
+        bound(ctx, &ex.req, ex.prompt(), &picked, now);
         let pos = picked.member;
         if model.kv.is_some() && !tries.cached_observed {
             tries.cached_observed = true;

@@ -59,6 +59,9 @@ pub(super) struct Picked {
     /// Prompt tokens predicted cached there (`kv` mode; 0 otherwise): tracked as KV
     /// blocks, not as prefill work.
     pub cached_tokens: u64,
+    /// The busy set's generation the pick read: the prefill [`bound`] notes counts until
+    /// the next one.
+    generation: u64,
     /// `kv` mode: what its decision found, for [`bound`].
     kv: Option<KvNote>,
 }
@@ -164,6 +167,7 @@ fn pick_once<'s>(
     let picked = |member: usize, kv: Option<KvNote>| Picked {
         member,
         cached_tokens: kv.map_or(0, |k| u64::from(k.overlap) * kv_block(req)),
+        generation: busy.generation,
         kv,
     };
     if model.router_mode == RouterMode::Direct {
@@ -350,12 +354,12 @@ fn pick_kv(
 /// Notes the member a request is bound to (with a slot there, or none to take): the
 /// prefill routed there (each core's own count until the next busy set), and in `kv`
 /// mode the prediction that it holds the prompt now, with the hit-rate metrics. `prompt`
-/// is the request's prompt value.
+/// is the request's prompt value; `now` the attempt's clock reading (after a wait in the
+/// room it is older by that wait, so the prediction ends that much sooner).
 pub(super) fn bound(ctx: &CoreCtx, req: &Outbound<'_>, prompt: &[u8], picked: &Picked, now: u64) {
     let worker = &req.snap.workers[req.model.members[picked.member].worker as usize];
-    let generation = ctx.busy.borrow_mut().load().generation;
     let prefill = req.prompt_tokens.saturating_sub(picked.cached_tokens);
-    ctx.note_routed(worker.state.slot as usize, generation, prefill);
+    ctx.note_routed(worker.state.slot as usize, picked.generation, prefill);
     let (Some(kv), Some(note)) = (req.model.kv.as_deref(), picked.kv) else {
         return;
     };
