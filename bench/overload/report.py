@@ -599,7 +599,7 @@ def side_by_side_table(peer, rows, setups, cap_rps):
     if peer:
         pc = peer["c_measured"]
         side["_c_measured"] = pc
-        for s in ("shed", "adaptive", "haproxy", "noshed"):
+        for s in ("shed", "adaptive", "room", "haproxy", "noshed"):
             prow = [r for r in peer["rows"] if r["setup"] == s]
             if prow:
                 md.append(ratio_row(SETUP_NAMES[s], prow, pc))
