@@ -4,10 +4,13 @@
 //! the hash count is whole chunks of what the walk fed, capped by the output, and a
 //! shorter output holds a prefix of the same hashes. Where serde_json accepts the body as
 //! an object, the scanner must accept it too (bar its documented refusals) and route on
-//! the same model, and the prompt span must be a JSON value.
+//! the same model, and the prompt span must be a JSON value; and the disaggregated stages'
+//! bodies (`route::handoff`) must be JSON objects with the stage's members and every other
+//! member as sent.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
+use spillway::route::handoff::{self, Bootstrap};
 use spillway::route::peek::{MESSAGE_END, PART_END, PeekError, RequestPeek, peek, prompt_parts};
 use spillway::route::prefix::{MAX_CHUNK_BYTES, MAX_CHUNKS, prompt_hashes};
 
@@ -77,6 +80,48 @@ fn differential(body: &[u8], got: &Result<RequestPeek<'_>, PeekError>, model: Op
         Err(PeekError::TooDeep | PeekError::DuplicateModel | PeekError::ModelNotString) => {}
         Err(e) => panic!("serde_json accepts an object the scanner refuses: {e}"),
     }
+    if got.is_ok() {
+        check_handoff(body, &obj);
+    }
+}
+
+/// The stages' bodies of a body both readers accept: objects that keep every member the
+/// stage does not replace.
+fn check_handoff(body: &[u8], obj: &serde_json::Map<String, serde_json::Value>) {
+    let stage = |out: &[u8], replaced: &[&str]| {
+        let Ok(serde_json::Value::Object(o)) = serde_json::from_slice(out) else {
+            panic!("a stage's body is not a JSON object");
+        };
+        for (k, v) in obj.iter().filter(|(k, _)| !replaced.contains(&k.as_str())) {
+            assert_eq!(o.get(k), Some(v), "member {k} changed");
+        }
+        o
+    };
+    let mut out = Vec::new();
+    handoff::vllm_prefill(body, &mut out).expect("a body peek accepts");
+    let replaced = [
+        "stream",
+        "stream_options",
+        "max_tokens",
+        "max_completion_tokens",
+        "kv_transfer_params",
+    ];
+    let o = stage(&out, &replaced);
+    assert_eq!(o.get("stream"), Some(&serde_json::Value::Bool(false)));
+    assert_eq!(o.get("max_tokens"), Some(&serde_json::Value::from(1)));
+    assert!(!o.contains_key("stream_options"));
+    handoff::vllm_decode(body, b"{\"a\":1}", &mut out).expect("a body peek accepts");
+    stage(&out, &["kv_transfer_params"]);
+    let at = Bootstrap {
+        host: "h",
+        port: 1,
+        room: 2,
+    };
+    handoff::sglang(body, at, &mut out).expect("a body peek accepts");
+    stage(
+        &out,
+        &["bootstrap_host", "bootstrap_port", "bootstrap_room"],
+    );
 }
 
 fuzz_target!(|body: &[u8]| {

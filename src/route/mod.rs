@@ -3,6 +3,7 @@
 //! in flight, load) as read from its replica, and the per-core counter and RNG.
 
 pub mod cache;
+pub mod handoff;
 mod kv;
 pub mod peek;
 pub mod prefix;
