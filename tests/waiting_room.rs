@@ -494,6 +494,33 @@ fn a_waiter_binds_when_a_worker_stops_being_busy() {
     assert_eq!(gauge(&p, waits), 1.0);
 }
 
+/// Every worker busy, one with its slots full too: the overload answer at once; the
+/// request never waits in the room for a slot at a worker that is busy anyway.
+#[test]
+fn all_busy_with_a_full_worker_is_answered_at_once() {
+    let w = Held::new("w");
+    let p = proxy(
+        2,
+        &format!(
+            "[[models]]\nname = \"m\"\nactive_decode_blocks_threshold = 0.5\n\
+             waiting_room_size = 4\nwaiting_room_timeout_ms = 10000\n\
+             [[models.workers]]\nurl = \"{}\"\nname = \"w\"\nkv_total_blocks = 100\n\
+             load_sources = [\"push\"]\nengine_request_limit = 1\n",
+            w.url()
+        ),
+    );
+    let running = spawn_request(p.data_addr, tagged("running", ""));
+    eventually("running", Duration::from_secs(5), || w.up.count() == 1);
+    report(&p, 90);
+    let r = once(p.data_addr, &tagged("busy", ""));
+    assert_eq!(r.status, 529, "{}", r.text());
+    assert_eq!(r.json()["knob"], "decode_blocks", "{}", r.text());
+    let entered = "spillway_waiting_room_entered_total{model=\"m\"}";
+    assert_eq!(gauge(&p, entered), 0.0, "it never waited");
+    w.release(1);
+    assert_eq!(running.join().unwrap().status, 200);
+}
+
 /// Workers that stay busy past the room's timeout: the answer is theirs (the overload
 /// answer with the busy figures), not the room's timeout.
 #[test]

@@ -52,10 +52,10 @@ pub(super) enum First<'s> {
     Unpicked(Unpicked<'s>),
 }
 
-/// Picks among the members whose gates read free now (a reading, no write), so that what
-/// a pick notes goes to a worker that can take the request; when that leaves out members
-/// the router could have picked, the request waits for a slot (as a look does). Direct
-/// mode picks its named worker whatever its gate reads.
+/// Picks among the members whose gates read free now (a reading, no write), so that the
+/// request goes to a worker that can take it; when the router would pick one of the
+/// members that left out, the request waits for a slot. Direct mode picks its named
+/// worker whatever its gate reads.
 pub(super) fn first_pick<'s>(
     ctx: &CoreCtx,
     req: &Outbound<'s>,
@@ -75,8 +75,14 @@ pub(super) fn first_pick<'s>(
     }
     match pick(ctx, req, worker_id, prompt, free, now) {
         Ok(picked) => First::Picked(picked),
-        Err(_) if free != excluded => First::Full,
-        Err(none) => First::Unpicked(none),
+        Err(none) if free == excluded => First::Unpicked(none),
+        // Picks note nothing, so the router may ask again with the full gates in: a
+        // worker it would pick means a wait for a slot; none is its answer (every worker
+        // busy is the overload answer at once).
+        Err(_) => match pick(ctx, req, worker_id, prompt, excluded, now) {
+            Ok(_) => First::Full,
+            Err(none) => First::Unpicked(none),
+        },
     }
 }
 
