@@ -273,9 +273,17 @@ fn look<'s>(ctx: &CoreCtx, ex: &Exchange<'_, 's>) -> Look<'s> {
     // Each pass takes a slot or marks one more member full (pools beyond the 128 members
     // `Excluded` marks end at a wait).
     for _ in 0..=model.members.len() {
-        let picked = match pick(ctx, req, None, ex.prompt(), full, clock::now_ms()) {
+        let now = clock::now_ms();
+        let picked = match pick(ctx, req, None, ex.prompt(), full, now) {
             Ok(p) => p,
-            Err(_) if full.any() => return Look::Full,
+            // As the first pick: a worker the router would pick with the full gates in
+            // means a wait for a slot; none is its answer.
+            Err(none) if full.any() => {
+                match pick(ctx, req, None, ex.prompt(), Excluded::default(), now) {
+                    Ok(_) => return Look::Full,
+                    Err(_) => return Look::Unpicked(none),
+                }
+            }
             Err(none) => return Look::Unpicked(none),
         };
         let worker = &snap.workers[model.members[picked.member].worker as usize];
