@@ -103,6 +103,20 @@ pub struct MockArgs {
     /// (0: none), to make events as large as an engine's with logprobs.
     #[arg(long, default_value_t = 0)]
     pub fingerprint_bytes: usize,
+    /// Prefill/decode disaggregation role: prefill (vLLM stage 1 answers carry
+    /// kv_transfer_params; SGLang requests stop at the first token), decode (valid
+    /// kv_transfer_params or SGLang bootstrap fields skip the prefill), both (a whole
+    /// engine; SGLang bootstrap fields are ignored).
+    #[arg(long, value_name = "ROLE", default_value_t = spillway_mock::Role::Both)]
+    pub role: spillway_mock::Role,
+    /// Simulated KV transfer time per block of a prompt a decode engine receives, in
+    /// milliseconds.
+    #[arg(long, default_value_t = defaults::KV_TRANSFER_MS_PER_BLOCK)]
+    pub kv_transfer_ms_per_block: f64,
+    /// SGLang bootstrap port of this engine as a prefill worker (requests to a prefill
+    /// engine must name it).
+    #[arg(long, default_value_t = defaults::BOOTSTRAP_PORT)]
+    pub bootstrap_port: u16,
 }
 
 impl MockArgs {
@@ -126,6 +140,9 @@ impl MockArgs {
             fault: self.fault,
             flap_period_ms: self.flap_period_ms,
             fingerprint_bytes: self.fingerprint_bytes,
+            role: self.role,
+            kv_transfer_ms_per_block: self.kv_transfer_ms_per_block,
+            bootstrap_port: self.bootstrap_port,
         }
     }
 }
@@ -404,6 +421,12 @@ mod tests {
             "flap",
             "--flap-period-ms",
             "500",
+            "--role",
+            "decode",
+            "--kv-transfer-ms-per-block",
+            "0.5",
+            "--bootstrap-port",
+            "9001",
         ])
         .unwrap();
         let Some(Command::MockEngine(args)) = cli.command else {
@@ -420,7 +443,15 @@ mod tests {
         assert!(c.enable_prefix_caching);
         assert_eq!(c.fault, spillway_mock::Fault::Flap);
         assert_eq!(c.flap_period_ms, 500);
-        for bad in [["--fault", "sick"], ["--flap-period-ms", "0"]] {
+        assert_eq!(c.role, spillway_mock::Role::Decode);
+        assert_eq!(c.kv_transfer_ms_per_block, 0.5);
+        assert_eq!(c.bootstrap_port, 9001);
+        for bad in [
+            ["--fault", "sick"],
+            ["--flap-period-ms", "0"],
+            ["--role", "mixed"],
+            ["--bootstrap-port", "70000"],
+        ] {
             assert!(Cli::try_parse_from(["spillway", "mock-engine", bad[0], bad[1]]).is_err());
         }
     }

@@ -279,7 +279,7 @@ pub fn canonical_reason(status: u16) -> &'static str {
 }
 
 /// A response head. `length`: Content-Length, else chunked (or close-delimited when the
-/// client cannot take chunks).
+/// client cannot take chunks). `extra`: more header lines, each ending in CRLF.
 pub fn response_head(
     out: &mut Vec<u8>,
     status: u16,
@@ -287,6 +287,7 @@ pub fn response_head(
     length: Option<usize>,
     chunked: bool,
     keep_alive: bool,
+    extra: &[u8],
 ) {
     out.extend_from_slice(b"HTTP/1.1 ");
     out.extend_from_slice(itoa::Buffer::new().format(status).as_bytes());
@@ -307,6 +308,7 @@ pub fn response_head(
     if !keep_alive {
         out.extend_from_slice(b"connection: close\r\n");
     }
+    out.extend_from_slice(extra);
     out.extend_from_slice(b"\r\n");
 }
 
@@ -444,17 +446,25 @@ mod tests {
     #[test]
     fn response_framing() {
         let mut out = Vec::new();
-        response_head(&mut out, 200, "text/event-stream", None, true, false);
+        response_head(&mut out, 200, "text/event-stream", None, true, false, b"");
         assert_eq!(
             out,
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n\
               transfer-encoding: chunked\r\nconnection: close\r\n\r\n"
         );
         out.clear();
-        response_head(&mut out, 404, "application/json", Some(12), true, true);
+        response_head(
+            &mut out,
+            404,
+            "application/json",
+            Some(12),
+            true,
+            true,
+            b"x-a: b\r\n",
+        );
         assert_eq!(
             out,
-            b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 12\r\n\r\n"
+            b"HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\ncontent-length: 12\r\nx-a: b\r\n\r\n"
         );
         out.clear();
         chunk(&mut out, &[b'x'; 26]);

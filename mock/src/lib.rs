@@ -3,7 +3,8 @@
 //! It speaks what Spillway meets in front of vLLM: `POST /v1/chat/completions` and
 //! `/v1/completions` (JSON or SSE streams shaped as vLLM emits them), `GET /metrics` in
 //! vLLM's names, `GET /health`, `GET /v1/models`, and optionally pushes Dynamo-style load
-//! events to a Spillway admin listener (`--push-load`). Behind the HTTP side sits a pure
+//! events to a Spillway admin listener (`--push-load`). It can play either side of a
+//! prefill/decode disaggregated deployment (`--role`). Behind the HTTP side sits a pure
 //! simulator of continuous batching ([`sim`]), so load behaves like a GPU's: more
 //! sequences make every token slower, a full batch makes requests queue, a full KV cache
 //! preempts.
@@ -75,10 +76,58 @@
 //!
 //! A mode applies to requests read while it is in force: a response already under way
 //! when it changes finishes as before.
+//!
+//! # Disaggregation (prefill/decode roles)
+//!
+//! An engine has a role ([`Role`], `--role`): `prefill`, `decode` or `both` (the default:
+//! a whole engine, behaving as above). It speaks the two handoffs a disaggregating proxy
+//! uses ([`disagg`]); a request without handoff fields is served as usual on every role
+//! (a decode engine then prefills it locally).
+//!
+//! - vLLM (NixlConnector). Stage 1: a request whose `kv_transfer_params` has
+//!   `"do_remote_decode": true`, on a prefill or whole engine, is prefilled and answered
+//!   as usual; a non-streamed answer ends with a top-level `"kv_transfer_params":
+//!   {"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[..],
+//!   "remote_engine_id":"mock-<16 hex>","remote_host":"<listen IP>","remote_port":<listen
+//!   port>,"tp_size":1}` (a streamed one gets none). The engine id is stable for a listen
+//!   address and seed; the prompt's ceil(prompt tokens / `block_size`) block ids derive
+//!   from a hash of the engine id and the prompt text (the text prefix caching reads).
+//!   Stage 2: `"do_remote_prefill": true`, on a decode or whole engine, is received when
+//!   the params check out (`remote_engine_id` a string, `remote_block_ids` the ids that
+//!   engine id gives this prompt, `remote_host` a string, `remote_port` a port) and
+//!   prefilled locally otherwise, as vLLM falls back when a transfer fails.
+//! - SGLang: `bootstrap_host` (a non-empty string), `bootstrap_port` (1..=65535) and
+//!   `bootstrap_room` (an integer in [0, 2^63)), all three. A prefill engine prefills and
+//!   stops at the first token (`"length"`); the port must be its own `bootstrap_port`
+//!   (default 8998). A decode engine receives the prompt. A whole engine ignores them.
+//!
+//! A received prompt waits `kv_transfer_ms_per_block` × its blocks (default 0.02 ms, a
+//! 2 MiB block over ~100 GB/s), counted from its arrival (the mock does not wait for the
+//! prefill engine), outside the waiting queue, blocking nobody but counted as waiting.
+//! Then it joins the back of the queue at the next step boundary with every prompt token
+//! but the last computed (vLLM recomputes the last one to sample from), so once admitted
+//! its first token ends that step; it holds its blocks and counts its prompt tokens like
+//! any sequence. Prefix caching does not look it up.
+//!
+//! Refused with 400, the message naming the field: `do_remote_decode` on a decode
+//! engine, `do_remote_prefill` on a prefill one, both at once, `kv_transfer_params` that
+//! is not an object, and malformed or partial bootstrap fields on a prefill or decode
+//! engine. `kv_transfer_params` wins over bootstrap fields.
+//!
+//! To tell a real handoff from a fallback: every generation answered 200 carries
+//! `x-mock-prefill: local` or `remote`; `/metrics` adds
+//! `mock_kv_transfers_total{protocol="vllm"|"sglang",outcome="received"|"fallback"}`
+//! (decode side, counted when the request is queued; SGLang's fields carry nothing to
+//! check, so they are received or refused, never a fallback),
+//! `mock_remote_prefills_total{protocol=..}` (prefill side, counted when the answer is
+//! complete) and `mock_disagg_info{role,engine_id,bootstrap_port} 1.0`; and
+//! `GET /last_request` answers the body of the last `POST /v1/*` request read, verbatim
+//! (empty before the first), in every fault mode like `/fault`.
 
 #![forbid(unsafe_code)]
 
 mod clock;
+pub mod disagg;
 pub mod fault;
 mod http;
 pub mod metrics;
@@ -94,6 +143,7 @@ use std::net::SocketAddr;
 use std::os::unix::net::UnixStream as StdUnixStream;
 use std::thread::JoinHandle;
 
+pub use disagg::Role;
 pub use fault::Fault;
 use sim::EngineConfig;
 
@@ -119,6 +169,10 @@ pub mod defaults {
     pub const PUSH_INTERVAL_MS: u64 = 100;
     /// Each half of a `flap` fault's cycle.
     pub const FLAP_PERIOD_MS: u64 = 2000;
+    /// A block of 16 tokens of an 8B model's KV (2 MiB) over a ~100 GB/s RDMA link.
+    pub const KV_TRANSFER_MS_PER_BLOCK: f64 = 0.02;
+    /// SGLang's default `--disaggregation-bootstrap-port`.
+    pub const BOOTSTRAP_PORT: u16 = 8998;
 }
 
 /// The mock engine's settings. [`Default`] looks like a small GPU.
@@ -162,6 +216,15 @@ pub struct MockConfig {
     /// Bytes of a `system_fingerprint` string in every response object and stream event
     /// (0: none), to make events as large as an engine's with logprobs.
     pub fingerprint_bytes: usize,
+    /// The prefill/decode disaggregation role (see the crate's "Disaggregation"); the
+    /// default, `Both`, is a whole engine.
+    pub role: Role,
+    /// Simulated KV transfer time per block of a prompt received from a prefill engine,
+    /// in milliseconds (finite, at least 0).
+    pub kv_transfer_ms_per_block: f64,
+    /// SGLang's bootstrap port of this engine as a prefill worker: the `bootstrap_port` a
+    /// request to a prefill engine must name.
+    pub bootstrap_port: u16,
 }
 
 impl Default for MockConfig {
@@ -186,6 +249,9 @@ impl Default for MockConfig {
             fault: Fault::None,
             flap_period_ms: FLAP_PERIOD_MS,
             fingerprint_bytes: 0,
+            role: Role::Both,
+            kv_transfer_ms_per_block: KV_TRANSFER_MS_PER_BLOCK,
+            bootstrap_port: BOOTSTRAP_PORT,
         }
     }
 }
@@ -252,6 +318,12 @@ pub fn start(cfg: MockConfig) -> io::Result<MockHandle> {
     if cfg.flap_period_ms == 0 {
         return Err(invalid("flap_period_ms must be at least 1".into()));
     }
+    let per_block = cfg.kv_transfer_ms_per_block;
+    if !(per_block.is_finite() && per_block >= 0.0) {
+        return Err(invalid(format!(
+            "kv_transfer_ms_per_block must be a finite value >= 0, got {per_block}"
+        )));
+    }
     let listener = server::bind(cfg.listen)?;
     let addr = listener.local_addr()?;
     let push = match &cfg.push_load {
@@ -274,6 +346,7 @@ pub fn start(cfg: MockConfig) -> io::Result<MockHandle> {
         enable_prefix_caching = cfg.enable_prefix_caching,
         push_load = cfg.push_load.as_deref().unwrap_or("off"),
         fault = %cfg.fault,
+        role = %cfg.role,
         "mock engine serving"
     );
     let thread = std::thread::Builder::new()

@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use super::sim::{EngineConfig, Load};
+use crate::disagg::{Counts, Protocol, Setup};
 
 /// One series of the exposition: its name, type, help text and how to read its value.
 struct Series {
@@ -103,6 +104,51 @@ pub fn render(out: &mut String, model: &str, cfg: &EngineConfig, load: &Load) {
     );
 }
 
+/// The mock's own series, after vLLM's: its disaggregation role and identity, and the
+/// handoffs it has seen (see the crate's "Disaggregation").
+pub fn render_disagg(out: &mut String, setup: &Setup, counts: &Counts) {
+    let _ = writeln!(
+        out,
+        "# HELP mock_disagg_info The mock engine's disaggregation role and identity.\n\
+         # TYPE mock_disagg_info gauge\n\
+         mock_disagg_info{{role=\"{}\",engine_id=\"{}\",bootstrap_port=\"{}\"}} 1.0",
+        setup.role,
+        escape(&setup.identity.engine_id),
+        setup.bootstrap_port
+    );
+    let _ = writeln!(
+        out,
+        "# HELP mock_kv_transfers_total Decode side: prompts whose KV was received from a prefill engine (received) or that were prefilled locally because their transfer parameters did not check out (fallback).\n\
+         # TYPE mock_kv_transfers_total counter"
+    );
+    for p in Protocol::ALL {
+        for (outcome, n) in [
+            ("received", counts.received(p)),
+            ("fallback", counts.fallback(p)),
+        ] {
+            let _ = writeln!(
+                out,
+                "mock_kv_transfers_total{{protocol=\"{}\",outcome=\"{outcome}\"}} {}",
+                p.label(),
+                py_float(n as f64)
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "# HELP mock_remote_prefills_total Prefill side: prefills finished for a decode engine.\n\
+         # TYPE mock_remote_prefills_total counter"
+    );
+    for p in Protocol::ALL {
+        let _ = writeln!(
+            out,
+            "mock_remote_prefills_total{{protocol=\"{}\"}} {}",
+            p.label(),
+            py_float(counts.prefills(p) as f64)
+        );
+    }
+}
+
 /// A float the way Python's `repr` prints it (the Prometheus client's output).
 fn py_float(v: f64) -> String {
     if v.fract() == 0.0 && v.abs() < 1e16 {
@@ -173,6 +219,43 @@ mod tests {
             "vllm:cache_config_info{block_size=\"16\",cache_dtype=\"auto\",enable_prefix_caching=\"False\",engine=\"0\",kv_cache_size_tokens=\"32768\",num_gpu_blocks=\"2048\"} 1.0\n"
         ));
         assert_eq!(text.lines().count(), 8 * 3 + 3);
+    }
+
+    #[test]
+    fn disaggregation_series() {
+        use crate::disagg::{Identity, Role};
+        let setup = Setup {
+            role: Role::Decode,
+            identity: Identity::new("127.0.0.1:8000".parse().unwrap(), 0),
+            bootstrap_port: 8998,
+            block_size: 16,
+        };
+        let counts = Counts {
+            received: [3, 1],
+            fallback: [2, 0],
+            prefills: [0, 5],
+        };
+        let mut text = String::new();
+        render_disagg(&mut text, &setup, &counts);
+        let id = &setup.identity.engine_id;
+        assert!(text.starts_with(&format!(
+            "# HELP mock_disagg_info The mock engine's disaggregation role and identity.\n\
+             # TYPE mock_disagg_info gauge\n\
+             mock_disagg_info{{role=\"decode\",engine_id=\"{id}\",bootstrap_port=\"8998\"}} 1.0\n"
+        )));
+        for line in [
+            "# TYPE mock_kv_transfers_total counter",
+            r#"mock_kv_transfers_total{protocol="vllm",outcome="received"} 3.0"#,
+            r#"mock_kv_transfers_total{protocol="vllm",outcome="fallback"} 2.0"#,
+            r#"mock_kv_transfers_total{protocol="sglang",outcome="received"} 1.0"#,
+            r#"mock_kv_transfers_total{protocol="sglang",outcome="fallback"} 0.0"#,
+            "# TYPE mock_remote_prefills_total counter",
+            r#"mock_remote_prefills_total{protocol="vllm"} 0.0"#,
+            r#"mock_remote_prefills_total{protocol="sglang"} 5.0"#,
+        ] {
+            assert!(text.contains(&format!("\n{line}\n")), "{line}:\n{text}");
+        }
+        assert_eq!(text.lines().count(), 3 + 2 + 4 + 2 + 2);
     }
 
     #[test]

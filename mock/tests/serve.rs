@@ -109,7 +109,7 @@ fn expect_continue_then_a_generation_over_http_1_0() {
     let text = until_close(s);
     assert!(
         text.starts_with(
-            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\n\r\ndata: {"
+            "HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\nconnection: close\r\nx-mock-prefill: local\r\n\r\ndata: {"
         ),
         "{text}"
     );

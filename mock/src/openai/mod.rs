@@ -10,7 +10,7 @@ mod prompt;
 mod request;
 
 pub use prompt::prompt_text;
-pub use request::parse;
+pub use request::{Request, parse, parse_request};
 
 /// The two generation endpoints.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -240,6 +240,21 @@ impl Renderer<'_> {
     }
 }
 
+/// Adds a top-level field, `raw` JSON, to the end of the JSON object in `out`.
+pub fn append_field(out: &mut Vec<u8>, name: &str, raw: &[u8]) {
+    if out.last() != Some(&b'}') {
+        return;
+    }
+    out.pop();
+    if out.last().is_some_and(|&b| b != b'{') {
+        out.push(b',');
+    }
+    json_str(out, name);
+    out.push(b':');
+    out.extend_from_slice(raw);
+    out.push(b'}');
+}
+
 /// The stream's end marker.
 pub const DONE_EVENT: &[u8] = b"data: [DONE]\n\n";
 
@@ -409,6 +424,19 @@ mod tests {
         }
         .token_event(&mut out, &[" a"], None);
         assert!(out.starts_with(b"data: {\"id\":\"cmpl-"));
+    }
+
+    #[test]
+    fn a_field_is_appended_to_the_object() {
+        let mut out = br#"{"a":1}"#.to_vec();
+        append_field(&mut out, "kv_transfer_params", br#"{"b":[2]}"#);
+        assert_eq!(out, br#"{"a":1,"kv_transfer_params":{"b":[2]}}"#);
+        let mut empty = b"{}".to_vec();
+        append_field(&mut empty, "x", b"1");
+        assert_eq!(empty, br#"{"x":1}"#);
+        let mut not_an_object = b"[1]".to_vec();
+        append_field(&mut not_an_object, "x", b"1");
+        assert_eq!(not_an_object, b"[1]");
     }
 
     #[test]

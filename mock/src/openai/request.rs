@@ -6,6 +6,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde_json::value::RawValue;
 
 use super::{Api, ApiError, Finish, Generate};
+use crate::disagg::Fields;
 
 /// The top-level fields read as they stand in the body: `model`, and the raw JSON text of
 /// `messages`, `prompt` and `input`, whose length is the prompt-size estimate's input (the
@@ -75,6 +76,21 @@ struct Knobs {
     max_completion_tokens: Option<u64>,
     #[serde(default)]
     stream_options: Option<StreamOptions>,
+    #[serde(default)]
+    kv_transfer_params: Option<serde_json::Value>,
+    #[serde(default)]
+    bootstrap_host: Option<serde_json::Value>,
+    #[serde(default)]
+    bootstrap_port: Option<serde_json::Value>,
+    #[serde(default)]
+    bootstrap_room: Option<serde_json::Value>,
+}
+
+/// A generation request as read: what drives the engine, and its handoff fields.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Request {
+    pub generate: Generate,
+    pub handoff: Fields,
 }
 
 #[derive(Deserialize)]
@@ -105,6 +121,16 @@ pub fn parse(
     served_model: &str,
     default_max_tokens: u32,
 ) -> Result<Generate, ApiError> {
+    parse_request(api, body, served_model, default_max_tokens).map(|r| r.generate)
+}
+
+/// [`parse`], with the request's disaggregation handoff fields.
+pub fn parse_request(
+    api: Api,
+    body: &[u8],
+    served_model: &str,
+    default_max_tokens: u32,
+) -> Result<Request, ApiError> {
     let top = scan(body)?;
     if let Some(name) = top.model.filter(|m| m != served_model) {
         return Err(ApiError::not_found(format!(
@@ -118,7 +144,7 @@ pub fn parse(
         Some(n) => u32::try_from(n).unwrap_or(u32::MAX),
         None => default_max_tokens,
     };
-    Ok(Generate {
+    let generate = Generate {
         api,
         stream: knobs.stream.unwrap_or(false),
         include_usage: knobs
@@ -132,7 +158,14 @@ pub fn parse(
         } else {
             Finish::Stop
         },
-    })
+    };
+    let handoff = Fields {
+        kv_transfer_params: knobs.kv_transfer_params,
+        bootstrap_host: knobs.bootstrap_host,
+        bootstrap_port: knobs.bootstrap_port,
+        bootstrap_room: knobs.bootstrap_room,
+    };
+    Ok(Request { generate, handoff })
 }
 
 #[cfg(test)]
@@ -170,6 +203,28 @@ mod tests {
         assert_eq!((g.max_tokens, g.prompt_tokens, g.stream), (5, 1, false));
         let g = request(Api::Chat, r#"{"model":"m\/1","stream_options":null}"#).unwrap();
         assert_eq!((g.max_tokens, g.finish), (16, Finish::Stop));
+    }
+
+    #[test]
+    fn reads_the_handoff_fields_as_they_stand() {
+        let r = parse_request(
+            Api::Completions,
+            br#"{"prompt":"x","kv_transfer_params":{"do_remote_decode":true},"bootstrap_host":"h","bootstrap_port":8998,"bootstrap_room":null}"#,
+            "m/1",
+            16,
+        )
+        .unwrap();
+        assert_eq!(
+            r.handoff,
+            Fields {
+                kv_transfer_params: Some(json!({"do_remote_decode":true})),
+                bootstrap_host: Some(json!("h")),
+                bootstrap_port: Some(json!(8998)),
+                bootstrap_room: None,
+            }
+        );
+        let plain = parse_request(Api::Completions, br#"{"prompt":"x"}"#, "m/1", 16).unwrap();
+        assert_eq!(plain.handoff, Fields::default());
     }
 
     #[test]

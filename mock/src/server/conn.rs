@@ -9,12 +9,12 @@ use monoio::net::TcpStream;
 use monoio::net::tcp::TcpOwnedWriteHalf;
 
 use super::Mock;
+use super::handoff::Job;
 use crate::clock;
 use crate::fault::{self, Behaviour};
 use crate::http::{self, HttpError, INITIAL_READ_BUF, Method, RequestHead, parse_request};
-use crate::openai::{self, Api, ApiError, Generate};
+use crate::openai::{self, Api, ApiError};
 use crate::reader::Reader;
-use crate::sim::prefix;
 
 /// Idle keep-alive connections close after this long: uvicorn's default, which vLLM and
 /// SGLang run under (Spillway's pool closes its idle connections before that).
@@ -52,8 +52,7 @@ enum Action {
         content_type: &'static str,
         body: Vec<u8>,
     },
-    /// With the prompt's prefix block hashes (empty without prefix caching).
-    Generate(Generate, Vec<u64>),
+    Generate(Job),
     /// Never answer (a fault mode): the connection stays open until the client leaves.
     Hang,
 }
@@ -111,10 +110,7 @@ impl Conn {
                     self.reply(status, content_type, &body, keep, with_body);
                     self.flush().await && keep
                 }
-                Action::Generate(g, prefix) => {
-                    self.generate(g, prefix, head.minor_version == 1, keep)
-                        .await
-                }
+                Action::Generate(job) => self.generate(job, head.minor_version == 1, keep).await,
                 Action::Hang => {
                     self.hang().await;
                     false
@@ -181,9 +177,20 @@ impl Conn {
         }
     }
 
-    /// `/fault` (always answered), then what the fault mode in force does to this path.
+    /// `/fault` and `/last_request` (always answered), then what the fault mode in force
+    /// does to this path.
     fn fault_action(&self, head: &RequestHead, body: &[u8]) -> Option<Action> {
         let state = &self.mock.fault;
+        if head.path == "/last_request" {
+            if !matches!(head.method, Method::Get | Method::Head) {
+                return Some(Action::method_not_allowed());
+            }
+            return Some(Action::Reply {
+                status: 200,
+                content_type: "application/json",
+                body: self.mock.last_request.borrow().clone(),
+            });
+        }
         if head.path == "/fault" {
             match head.method {
                 Method::Get | Method::Head => {}
@@ -216,6 +223,11 @@ impl Conn {
     }
 
     fn decide(&self, head: &RequestHead, body: &[u8]) -> Action {
+        if head.method == Method::Post && head.path.starts_with("/v1/") {
+            let mut last = self.mock.last_request.borrow_mut();
+            last.clear();
+            last.extend_from_slice(body);
+        }
         if let Some(action) = self.fault_action(head, body) {
             return action;
         }
@@ -240,6 +252,11 @@ impl Conn {
                     &self.mock.engine_cfg,
                     &self.mock.load(),
                 );
+                crate::metrics::render_disagg(
+                    &mut text,
+                    &self.mock.disagg,
+                    &self.mock.handoffs.get(),
+                );
                 return Action::Reply {
                     status: 200,
                     content_type: "text/plain; version=0.0.4; charset=utf-8",
@@ -261,19 +278,12 @@ impl Conn {
         if method != Method::Post {
             return Action::method_not_allowed();
         }
-        match openai::parse(api, body, &cfg.model, cfg.default_max_tokens) {
-            Ok(g) => Action::Generate(g, self.prefix(api, body)),
+        let job = openai::parse_request(api, body, &cfg.model, cfg.default_max_tokens)
+            .and_then(|request| self.mock.job(api, body, request));
+        match job {
+            Ok(job) => Action::Generate(job),
             Err(e) => Action::error(e),
         }
-    }
-
-    /// The block hashes of the request's prompt text, when the engine caches prefixes.
-    fn prefix(&self, api: Api, body: &[u8]) -> Vec<u64> {
-        let engine = &self.mock.engine_cfg;
-        if !engine.enable_prefix_caching {
-            return Vec::new();
-        }
-        prefix::block_hashes(&openai::prompt_text(api, body), engine.block_bytes())
     }
 
     /// Renders one event with `f` and appends it to the output as its own chunk.
@@ -304,6 +314,7 @@ impl Conn {
             Some(body.len()),
             true,
             keep_alive,
+            b"",
         );
         if with_body {
             self.out.extend_from_slice(body);

@@ -7,15 +7,18 @@ use std::rc::Rc;
 use std::task::Poll;
 
 use super::conn::Conn;
-use super::{SeqGuard, Slot};
+use super::handoff::Job;
+use super::{Mock, SeqGuard, Slot};
 use crate::clock;
+use crate::disagg::{self, Plan};
 use crate::http::{self, LAST_CHUNK};
-use crate::openai::{Api, ApiError, DONE_EVENT, Generate, Renderer, Text, Usage};
-use crate::sim::SeqId;
+use crate::openai::{self, Api, ApiError, DONE_EVENT, Generate, Renderer, Text, Usage};
+use crate::sim::{SeqId, SubmitError};
 
 /// A generation under way: what it renders with, and what it has relayed.
 struct Generation<'a> {
     g: Generate,
+    plan: Plan,
     id: SeqId,
     renderer: Renderer<'a>,
     text: Text,
@@ -32,21 +35,10 @@ impl Conn {
     /// Runs one generation: submits it, then relays its tokens as they are produced,
     /// streaming them or collecting them into one body. Returns whether the connection
     /// stays open.
-    pub(super) async fn generate(
-        &mut self,
-        g: Generate,
-        prefix: Vec<u64>,
-        chunked: bool,
-        keep_alive: bool,
-    ) -> bool {
+    pub(super) async fn generate(&mut self, job: Job, chunked: bool, keep_alive: bool) -> bool {
         let mock = self.mock.clone();
-        let submitted = mock.engine.borrow_mut().submit_prefixed(
-            mock.now(),
-            g.prompt_tokens,
-            g.max_tokens,
-            prefix,
-        );
-        let id = match submitted {
+        let Job { g, prefix, plan } = job;
+        let id = match submit(&mock, &g, prefix, &plan) {
             Ok(id) => id,
             Err(e) => {
                 let body = ApiError::bad_request(e.to_string()).body();
@@ -59,8 +51,10 @@ impl Conn {
         let _guard = SeqGuard { mock: &mock, id };
         mock.kick.notify();
 
+        mock.count(|c| c.decided(&plan));
         let mut run = Generation {
             g,
+            plan,
             id,
             renderer: Renderer {
                 api: g.api,
@@ -80,6 +74,7 @@ impl Conn {
             prompt_tokens = g.prompt_tokens,
             max_tokens = g.max_tokens,
             stream = g.stream,
+            prefill = run.plan.prefill(),
             "request queued"
         );
         self.relay(&mut run, &slot).await
@@ -97,6 +92,7 @@ impl Conn {
                 None,
                 run.chunked,
                 run.keep_alive,
+                prefill_header(&run.plan),
             );
             if !self.flush().await {
                 return false;
@@ -185,6 +181,11 @@ impl Conn {
         } else {
             self.event.clear();
             renderer.response(&mut self.event, &run.content, run.g.finish, usage);
+            if let Plan::PrefillVllm(ids) = &run.plan {
+                let mut params = Vec::with_capacity(256);
+                disagg::render_params(&mut params, ids, &self.mock.disagg.identity);
+                openai::append_field(&mut self.event, "kv_transfer_params", &params);
+            }
             http::response_head(
                 &mut self.out,
                 200,
@@ -192,8 +193,12 @@ impl Conn {
                 Some(self.event.len()),
                 true,
                 run.keep_alive,
+                prefill_header(&run.plan),
             );
             self.out.extend_from_slice(&self.event);
+        }
+        if let Some(protocol) = run.plan.prefill_for() {
+            self.mock.count(|c| c.prefilled(protocol));
         }
         tracing::debug!(
             seq = run.id,
@@ -201,6 +206,28 @@ impl Conn {
             "request finished"
         );
         self.flush().await && run.keep_alive
+    }
+}
+
+/// Queues a job in the engine: a received prompt lands after its transfer time.
+fn submit(mock: &Mock, g: &Generate, prefix: Vec<u64>, plan: &Plan) -> Result<SeqId, SubmitError> {
+    let now = mock.now();
+    let mut engine = mock.engine.borrow_mut();
+    match *plan {
+        Plan::Receive(_, blocks) => {
+            let landing = now + mock.transfer_us(blocks);
+            engine.submit_remote(now, g.prompt_tokens, g.max_tokens, landing)
+        }
+        _ => engine.submit_prefixed(now, g.prompt_tokens, g.max_tokens, prefix),
+    }
+}
+
+/// The `x-mock-prefill` header line: where the prompt was prefilled.
+fn prefill_header(plan: &Plan) -> &'static [u8] {
+    if matches!(plan, Plan::Receive(..)) {
+        b"x-mock-prefill: remote\r\n"
+    } else {
+        b"x-mock-prefill: local\r\n"
     }
 }
 

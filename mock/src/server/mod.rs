@@ -5,6 +5,7 @@
 
 mod conn;
 mod generate;
+mod handoff;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
@@ -20,6 +21,7 @@ use monoio::net::TcpListener;
 
 use crate::MockConfig;
 use crate::clock;
+use crate::disagg::{Counts, Identity, Setup};
 use crate::fault::FaultState;
 use crate::push::{self, Reports, Target};
 use crate::sim::{Engine, EngineConfig, Load, Micros, SeqId, Token};
@@ -40,6 +42,12 @@ pub struct Mock {
     kick: Signal,
     /// The fault mode in force.
     fault: FaultState,
+    /// The disaggregation role and what a plan needs of this engine.
+    disagg: Setup,
+    /// Handoffs seen (the `mock_*` series of `/metrics`).
+    handoffs: Cell<Counts>,
+    /// The body of the last `POST /v1/*` request read (`GET /last_request`).
+    last_request: RefCell<Vec<u8>>,
 }
 
 impl Mock {
@@ -53,6 +61,12 @@ impl Mock {
 
     pub fn engine_config(&self) -> &EngineConfig {
         &self.engine_cfg
+    }
+
+    fn count(&self, f: impl FnOnce(&mut Counts)) {
+        let mut counts = self.handoffs.get();
+        f(&mut counts);
+        self.handoffs.set(counts);
     }
 }
 
@@ -181,6 +195,12 @@ pub fn run(
             }
         };
         let push_interval = Duration::from_millis(cfg.push_interval_ms.max(1));
+        let disagg = Setup {
+            role: cfg.role,
+            identity: Identity::new(listener.local_addr().unwrap_or(cfg.listen), cfg.seed),
+            bootstrap_port: cfg.bootstrap_port,
+            block_size: cfg.block_size,
+        };
         let epoch = clock::now();
         let fault = FaultState::new(
             cfg.fault,
@@ -197,6 +217,9 @@ pub fn run(
             slots: RefCell::new(HashMap::new()),
             kick: Signal::default(),
             fault,
+            disagg,
+            handoffs: Cell::new(Counts::default()),
+            last_request: RefCell::new(Vec::new()),
         });
         monoio::spawn(drive(mock.clone()));
         if let Some((target, worker)) = push {

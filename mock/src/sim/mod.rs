@@ -111,6 +111,7 @@ pub struct Token {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Load {
     pub running: u64,
+    /// Queued sequences, those waiting for their prompt's KV transfer included.
     pub waiting: u64,
     /// Blocks held; only running sequences hold any.
     pub used_blocks: u64,
@@ -142,6 +143,11 @@ struct Seq {
     prefix: Vec<u64>,
     /// Prompt tokens cached at the first admission (vLLM's `num_cached_tokens`).
     cached: Option<u32>,
+    /// Its prompt's KV came from another engine: no prefix-cache lookup.
+    remote: bool,
+    /// Prompt tokens received rather than computed, counted as prompt tokens at the
+    /// first admission (then 0).
+    received: u32,
 }
 
 impl Seq {
@@ -167,6 +173,9 @@ pub struct Engine {
     waiting: VecDeque<SeqId>,
     /// In admission order: the last one is the newest, the first to be preempted.
     running: Vec<SeqId>,
+    /// Sequences waiting for their prompt's KV, by (landing time, id): each joins the
+    /// back of `waiting` at the first step boundary at or after its landing.
+    transfers: VecDeque<(Micros, SeqId)>,
     seqs: HashMap<SeqId, Seq>,
     used_blocks: u64,
     next_id: SeqId,
@@ -195,6 +204,7 @@ impl Engine {
             step: None,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            transfers: VecDeque::new(),
             seqs: HashMap::new(),
             used_blocks: 0,
             next_id: 0,
@@ -231,6 +241,41 @@ impl Engine {
         max_tokens: u32,
         prefix: Vec<u64>,
     ) -> Result<SeqId, SubmitError> {
+        let id = self.insert(now, prompt_tokens, max_tokens, prefix, false)?;
+        self.waiting.push_back(id);
+        Ok(id)
+    }
+
+    /// Queues a request whose prompt was prefilled by another engine and whose KV lands
+    /// here at `landing` (at or after `now`): until then it waits outside the FIFO queue,
+    /// blocking nobody; at the first step boundary at or after `landing` it joins the
+    /// back of the queue with every prompt token but the last computed (the last is
+    /// recomputed to sample from, as vLLM does). It holds blocks once admitted, like any
+    /// sequence, and a preemption recomputes its whole context locally.
+    pub fn submit_remote(
+        &mut self,
+        now: Micros,
+        prompt_tokens: u32,
+        max_tokens: u32,
+        landing: Micros,
+    ) -> Result<SeqId, SubmitError> {
+        let id = self.insert(now, prompt_tokens, max_tokens, Vec::new(), true)?;
+        let at = self
+            .transfers
+            .partition_point(|&(t, other)| (t, other) < (landing, id));
+        self.transfers.insert(at, (landing, id));
+        Ok(id)
+    }
+
+    /// Checks a request and adds its sequence, queued nowhere yet.
+    fn insert(
+        &mut self,
+        now: Micros,
+        prompt_tokens: u32,
+        max_tokens: u32,
+        prefix: Vec<u64>,
+        remote: bool,
+    ) -> Result<SeqId, SubmitError> {
         if max_tokens == 0 {
             return Err(SubmitError::ZeroMaxTokens);
         }
@@ -243,6 +288,11 @@ impl Engine {
                 max: self.cfg.max_model_len(),
             });
         }
+        let received = if remote {
+            prompt_tokens.saturating_sub(1)
+        } else {
+            0
+        };
         let id = self.next_id;
         self.next_id += 1;
         self.seqs.insert(
@@ -252,14 +302,15 @@ impl Engine {
                 prompt: prompt_tokens,
                 max_tokens,
                 generated: 0,
-                prefill_left: prompt_tokens,
+                prefill_left: prompt_tokens - received,
                 blocks: 0,
                 running: false,
                 prefix,
                 cached: None,
+                remote,
+                received,
             },
         );
-        self.waiting.push_back(id);
         Ok(id)
     }
 
@@ -274,6 +325,7 @@ impl Engine {
             self.running.retain(|&r| r != id);
         } else {
             self.waiting.retain(|&w| w != id);
+            self.transfers.retain(|&(_, t)| t != id);
         }
         true
     }
@@ -290,17 +342,14 @@ impl Engine {
                 self.clock = step.end;
                 self.complete(step, out);
             }
-            // A busy engine starts the next step where the last one ended; an idle one
-            // when the first waiting request arrived.
-            let start = match (self.running.is_empty(), self.waiting.front()) {
-                (false, _) => self.clock,
-                (true, Some(id)) => self.seqs.get(id).map_or(now, |s| s.arrival.max(self.clock)),
-                (true, None) => return,
+            let Some(start) = self.next_start(now) else {
+                return;
             };
             if start > now {
                 return;
             }
             self.clock = start;
+            self.land(start);
             match self.schedule(start) {
                 Some(step) => self.step = Some(step),
                 None => return,
@@ -308,15 +357,47 @@ impl Engine {
         }
     }
 
-    /// When the step under way ends: the next time [`Engine::advance`] has work.
+    /// A busy engine starts the next step where the last one ended; an idle one when the
+    /// first waiting request arrived or the first transfer lands. `None`: nothing to do.
+    fn next_start(&self, now: Micros) -> Option<Micros> {
+        if !self.running.is_empty() {
+            return Some(self.clock);
+        }
+        let head = self
+            .waiting
+            .front()
+            .map(|id| self.seqs.get(id).map_or(now, |s| s.arrival));
+        let landing = self.transfers.front().map(|&(t, _)| t);
+        head.into_iter()
+            .chain(landing)
+            .min()
+            .map(|t| t.max(self.clock))
+    }
+
+    /// Moves the transfers landed by `t` to the back of the waiting queue, in order.
+    fn land(&mut self, t: Micros) {
+        while let Some(&(at, id)) = self.transfers.front() {
+            if at > t {
+                return;
+            }
+            self.transfers.pop_front();
+            self.waiting.push_back(id);
+        }
+    }
+
+    /// The next time [`Engine::advance`] has work: when the step under way ends, or, on
+    /// an idle engine, when the first transfer lands.
     pub fn next_deadline(&self) -> Option<Micros> {
-        self.step.as_ref().map(|s| s.end)
+        match &self.step {
+            Some(s) => Some(s.end),
+            None => self.transfers.front().map(|&(t, _)| t.max(self.clock)),
+        }
     }
 
     pub fn load(&self) -> Load {
         Load {
             running: self.running.len() as u64,
-            waiting: self.waiting.len() as u64,
+            waiting: (self.waiting.len() + self.transfers.len()) as u64,
             used_blocks: self.used_blocks,
             prefill_tokens: self.seqs.values().map(|s| u64::from(s.prefill_left)).sum(),
             prompt_tokens_total: self.prompt_tokens_total,

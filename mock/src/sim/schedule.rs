@@ -91,7 +91,9 @@ impl Engine {
             self.waiting.pop_front();
             seq.blocks = need;
             seq.running = true;
-            if let Some(cache) = self.prefix.as_mut() {
+            // Received prompt tokens count once, as vLLM counts every prompt token.
+            self.prompt_tokens_total += u64::from(std::mem::take(&mut seq.received));
+            if let Some(cache) = self.prefix.as_mut().filter(|_| !seq.remote) {
                 let cached = seq.skip_cached(cache, self.cfg.block_size);
                 self.prefix_queries_total += u64::from(seq.prompt);
                 self.prefix_hits_total += u64::from(cached);

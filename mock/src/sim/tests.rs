@@ -267,6 +267,59 @@ fn cached_prefix_blocks_skip_prefill() {
     assert_eq!(e.load().prefix_cache_queries_total, 0);
 }
 
+#[test]
+fn a_received_prompt_waits_for_its_transfer_then_skips_prefill() {
+    let mut e = Engine::new(cfg());
+    let id = e.submit_remote(0, 100, 3, 5 * MS).unwrap();
+    let mut out = Vec::new();
+    e.advance(0, &mut out);
+    // Idle until the KV lands; it counts as waiting and holds nothing yet.
+    assert_eq!(e.next_deadline(), Some(5 * MS));
+    let load = e.load();
+    assert_eq!((load.waiting, load.running, load.used_blocks), (1, 0, 0));
+    assert_eq!(
+        load.prefill_tokens, 1,
+        "only the last prompt token is computed"
+    );
+    e.advance(5 * MS, &mut out);
+    assert_eq!((e.load().running, e.load().used_blocks), (1, 7));
+    let tokens = run(&mut e);
+    // One step of 8.25 ms plus 0.1 ms for the last prompt token, not 10 ms of prefill.
+    assert_eq!(first_token_at(&tokens, id), 5 * MS + 8_350);
+    assert_eq!(tokens.len(), 3);
+    let load = e.load();
+    assert_eq!(
+        load.prompt_tokens_total, 100,
+        "received tokens count as prompt"
+    );
+    assert_eq!((load.used_blocks, load.waiting), (0, 0));
+}
+
+#[test]
+fn a_transfer_blocks_nobody_and_lands_at_a_step_boundary() {
+    let mut e = Engine::new(cfg());
+    let busy = e.submit(0, 1, 100).unwrap();
+    // Submitted first, but its KV lands at 20 ms: the later local request goes ahead.
+    let remote = e.submit_remote(0, 100, 1, 20 * MS).unwrap();
+    let local = e.submit(1, 1, 1).unwrap();
+    let tokens = run(&mut e);
+    // Steps: 8.35 ms (busy's prefill), 8.6 ms (with local's), 8.25 ms (busy alone).
+    assert_eq!(first_token_at(&tokens, local), 8_350 + 8_600);
+    // The transfer lands during the third step and joins when it ends; its first token
+    // comes from the step it joins: two sequences and one prompt token.
+    let boundary = 8_350 + 8_600 + 8_250;
+    assert!(tokens.iter().any(|t| t.id == busy && t.at == boundary));
+    assert_eq!(first_token_at(&tokens, remote), boundary + 8_600);
+
+    // An aborted transfer is forgotten.
+    let mut e = Engine::new(cfg());
+    let id = e.submit_remote(0, 100, 1, 5 * MS).unwrap();
+    assert!(e.abort(id));
+    assert_eq!(e.load().waiting, 0);
+    assert_eq!(e.next_deadline(), None);
+    assert!(run(&mut e).is_empty());
+}
+
 /// A seeded random workload: the block pool is never overdrawn, every sequence gets
 /// exactly its tokens, and the same arrivals give the same schedule; with prefix caching
 /// too (prompts drawn from a few shared texts).
@@ -296,7 +349,14 @@ fn random_workload_keeps_invariants_and_is_deterministic() {
                         expected.insert(id, m);
                     }
                 }
-                4 if !expected.is_empty() => {
+                4 => {
+                    let (p, m) = (1 + rng.below(120) as u32, 1 + rng.below(60) as u32);
+                    let landing = now + rng.below(20_000) as Micros;
+                    if let Ok(id) = e.submit_remote(now, p, m, landing) {
+                        expected.insert(id, m);
+                    }
+                }
+                5 if !expected.is_empty() => {
                     let id = rng.below(expected.len() * 2) as SeqId;
                     if e.abort(id) {
                         aborted.push(id);
