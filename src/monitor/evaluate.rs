@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use super::adaptive::Adaptivity;
 use super::load::{LoadTable, WorkerLoad, max_opt};
 use crate::config::{ModelConfig, WorkerConfig};
-use crate::shed::{Class, RankLoad, Room, Thresholds, Why, rank_why};
+use crate::shed::{Class, Headroom, RankLoad, Thresholds, Why, rank_why};
 use crate::state::{BusySet, Member, MemberEntry, Model, Snapshot};
 use crate::state::{SlotMap, SlotSet};
 
@@ -256,26 +256,26 @@ fn evaluate_member(
     let entry = MemberEntry {
         busy: Class::ALL.map(|c| busy[c.index()].then_some(why[c.index()])),
         load: permille,
-        room: prefill_room(load, &w.cfg, ranks, max_batched, &by_class)
+        headroom: headroom(load, &w.cfg, ranks, max_batched, &by_class)
             .with_slots(load.total_slots(&w.cfg), &by_class),
     };
     out.set_member(member.id, entry)
 }
 
-/// The room a core checks its own routing against: for a one-rank worker whose load
+/// The headroom a core checks its own routing against: for a one-rank worker whose load
 /// includes the router's tracked load (with more ranks the rank a request lands on is the
 /// engine's choice, so only the monitor judges them).
-fn prefill_room(
+fn headroom(
     load: &WorkerLoad,
     cfg: &WorkerConfig,
     ranks: usize,
     max_batched: Option<u64>,
     by_class: &[Thresholds; 3],
-) -> Room {
+) -> Headroom {
     if ranks != 1 || !cfg.load_sources.tracked {
-        return Room::default();
+        return Headroom::default();
     }
-    Room::new(load.tracked_prefill(0), max_batched, by_class)
+    Headroom::new(load.tracked_prefill(0), max_batched, by_class)
 }
 
 /// The fullest known signal of a rank, in permille of its capacity (for least-loaded).

@@ -41,7 +41,7 @@ pub struct CoreCtx {
     /// Round-robin position per model id.
     rr: RefCell<Vec<u64>>,
     /// Per worker slot: the busy-set generation and the prefill tokens this core routed
-    /// to the worker since that set was published (see `shed::Room`).
+    /// to the worker since that set was published (see `shed::Headroom`).
     routed: RefCell<Vec<(u64, u64)>>,
     /// Per worker slot: attempts that failed on this core lately, halved each second
     /// since the last (count, at ms): routers weigh them as load, so a worker that fails

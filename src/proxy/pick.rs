@@ -259,7 +259,7 @@ fn kv_state(ctx: &CoreCtx, req: &Outbound<'_>, w: &WorkerState, failures: u32) -
 }
 
 /// Whether member `i` is busy for the request by the busy rule, and why (when known): by
-/// the published set, else by the worker's room: the requests Spillway has at its engine
+/// the published set, else by the worker's headroom: the requests Spillway has at its engine
 /// now beyond the engine's slots, or the prefill this core routed there since the set was
 /// published.
 fn busy_why(ctx: &CoreCtx, req: &Outbound<'_>, busy: &BusySet, i: usize) -> Option<Option<Why>> {
@@ -267,18 +267,18 @@ fn busy_why(ctx: &CoreCtx, req: &Outbound<'_>, busy: &BusySet, i: usize) -> Opti
     if busy.is_busy(req.class, m.id) {
         return Some(busy.why(req.class, m.id));
     }
-    let room = busy.room(m.id);
+    let headroom = busy.headroom(m.id);
     let worker = &req.snap.workers[m.worker as usize];
-    if room.checks_waiting(req.class) {
+    if headroom.checks_waiting(req.class) {
         let queued = worker.gate.as_ref().map_or(0, |g| g.occupancy().1);
         let bound = worker.state.inflight_total().saturating_sub(queued);
-        if let Some(why) = room.waiting_why(req.class, bound) {
+        if let Some(why) = headroom.waiting_why(req.class, bound) {
             return Some(Some(why));
         }
     }
     match ctx.routed_since(worker.state.slot as usize, busy.generation) {
         0 => None, // nothing routed since: the published word stands
-        routed => room.why(req.class, routed).map(Some),
+        routed => headroom.why(req.class, routed).map(Some),
     }
 }
 

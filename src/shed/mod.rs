@@ -3,13 +3,13 @@
 
 mod adaptive;
 mod class;
-mod room;
+mod headroom;
 
 use serde::{Deserialize, Serialize};
 
 pub use adaptive::{Adaptive, SHARE_WINDOW_MS, overloaded, window_closes};
 pub use class::Class;
-pub use room::Room;
+pub use headroom::Headroom;
 
 /// A model's busy thresholds; each unset by default, each enabling only its own check.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]

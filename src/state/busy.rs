@@ -1,12 +1,12 @@
 //! The busy set: what the monitor publishes to every core (per model: shedding enabled,
 //! and the adaptive mode's cap on queue waits while the model is overloaded; per member
 //! and request class: busy and why; per member a load figure for least-loaded, and the
-//! prefill room a core checks its own routing against; per worker whether health took it
+//! headroom (the prefill room) a core checks its own routing against; per worker whether health took it
 //! out of rotation, per model whether it is below its healthy share and routes over all).
 //! Immutable once published; each core reads its replica with one atomic load.
 
 use super::cow_chunks::CowChunks;
-use crate::shed::{Class, Room, Why};
+use crate::shed::{Class, Headroom, Why};
 
 /// A member's entry.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -15,7 +15,7 @@ pub struct MemberEntry {
     pub busy: [Option<Option<Why>>; 3],
     /// In permille of the fullest known signal.
     pub load: u16,
-    pub room: Room,
+    pub headroom: Headroom,
 }
 
 /// The busy set as published: immutable, one per publish, read lock-free by the cores.
@@ -35,7 +35,7 @@ pub struct BusySet {
     /// how much. In shared chunks: a publication copies only the chunks it changed.
     why: [CowChunks<Option<Why>>; 3],
     /// Per member id: its worker's prefill room (default: nothing to check).
-    room: CowChunks<Room>,
+    headroom: CowChunks<Headroom>,
     /// Bit per worker slot: out of rotation by health (ejected, or its checks failing).
     /// The health pass's, kept by [`BusySet::clear`].
     unhealthy: Vec<u64>,
@@ -60,7 +60,7 @@ impl PartialEq for BusySet {
                 trimmed(&self.busy[c]) == trimmed(&other.busy[c]) && self.why[c] == other.why[c]
             })
             && trimmed(&self.load) == trimmed(&other.load)
-            && self.room == other.room
+            && self.headroom == other.headroom
             && trimmed(&self.unhealthy) == trimmed(&other.unhealthy)
             && trimmed(&self.panic) == trimmed(&other.panic)
     }
@@ -177,10 +177,10 @@ impl BusySet {
         self.load[i] = permille;
     }
 
-    /// The prefill room of the member's worker (see [`Room`]).
+    /// The prefill room of the member's worker (see [`Headroom`]).
     #[inline]
-    pub fn room(&self, member_id: u32) -> Room {
-        self.room.get(member_id as usize)
+    pub fn headroom(&self, member_id: u32) -> Headroom {
+        self.headroom.get(member_id as usize)
     }
 
     /// A member's whole entry.
@@ -189,7 +189,7 @@ impl BusySet {
         MemberEntry {
             busy,
             load: self.load(member_id),
-            room: self.room(member_id),
+            headroom: self.headroom(member_id),
         }
     }
 
@@ -199,7 +199,11 @@ impl BusySet {
         if self.member(member_id) == entry {
             return false;
         }
-        let MemberEntry { busy, load, room } = entry;
+        let MemberEntry {
+            busy,
+            load,
+            headroom,
+        } = entry;
         let (w, bit) = ((member_id / 64) as usize, 1u64 << (member_id % 64));
         for c in Class::ALL {
             match busy[c.index()] {
@@ -213,11 +217,11 @@ impl BusySet {
             }
         }
         self.set_load(member_id, load);
-        self.room.set(member_id as usize, room);
+        self.headroom.set(member_id as usize, headroom);
         true
     }
 
-    /// Clears a member's entry (not busy for any class, load 0, no room to check).
+    /// Clears a member's entry (not busy for any class, load 0, no headroom to check).
     pub fn clear_member(&mut self, member_id: u32) {
         self.set_member(member_id, MemberEntry::default());
     }
@@ -230,7 +234,7 @@ impl BusySet {
         self.busy.iter_mut().flatten().for_each(|w| *w = 0);
         self.load.iter_mut().for_each(|l| *l = 0);
         self.why.iter_mut().for_each(CowChunks::clear);
-        self.room.clear();
+        self.headroom.clear();
     }
 }
 

@@ -1,4 +1,4 @@
-//! A worker's room: what a core needs to see the worker busy by what it routed there
+//! A worker's headroom (docs/behaviour.md §3.12, the prefill room): what a core needs to see the worker busy by what it routed there
 //! itself since the busy set was evaluated, without waiting for the monitor to fold its
 //! tracked load in: the prefill it routed, and the requests it has in flight over the
 //! engine's slots. Between two folds (`monitor_interval_ms`) a burst of arrivals would
@@ -12,7 +12,7 @@ use super::{Class, Knob, Thresholds, Why};
 /// waiting-requests limit. Only the `tracked` source is extended this way: a pushed or
 /// scraped figure cannot know what was routed since.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Room {
+pub struct Headroom {
     pub tracked: u64,
     /// The worker's `max_num_batched_tokens` (the fractional limit's unit), 0 if unknown.
     pub max_batched: u64,
@@ -41,20 +41,20 @@ pub fn prefill_limit(t: &Thresholds, max_batched: Option<u64>) -> Option<(u64, K
     }
 }
 
-impl Room {
+impl Headroom {
     /// The room of a worker whose tracked prefill is `tracked`, under each class's
     /// thresholds `by_class`; none (the default) without a prefill threshold, so that the
     /// tracked figure alone never changes a busy set.
     pub fn new(tracked: u64, max_batched: Option<u64>, by_class: &[Thresholds; 3]) -> Self {
         let limit = by_class.each_ref().map(|t| prefill_limit(t, max_batched));
         if limit == [None; 3] {
-            return Room::default();
+            return Headroom::default();
         }
-        Room {
+        Headroom {
             tracked,
             max_batched: max_batched.unwrap_or(0),
             limit,
-            ..Room::default()
+            ..Headroom::default()
         }
     }
 
@@ -132,7 +132,7 @@ mod tests {
         let mut by_class = [t(None, None); 3];
         by_class[std.index()].waiting_requests_threshold = Some(0);
         by_class[shed.index()].waiting_requests_threshold = Some(2);
-        let room = Room::default().with_slots(Some(4), &by_class);
+        let room = Headroom::default().with_slots(Some(4), &by_class);
         assert!(room.checks_waiting(std) && !room.checks_waiting(Class::Critical));
         assert_eq!(room.waiting_why(std, 3), None, "a slot is free for it");
         let why = room
@@ -150,10 +150,13 @@ mod tests {
         );
         assert!(room.waiting_why(shed, 6).is_some());
         assert_eq!(room.waiting_why(Class::Critical, 1000), None);
-        assert_eq!(Room::default().with_slots(None, &by_class), Room::default());
         assert_eq!(
-            Room::default().with_slots(Some(4), &[t(None, None); 3]),
-            Room::default()
+            Headroom::default().with_slots(None, &by_class),
+            Headroom::default()
+        );
+        assert_eq!(
+            Headroom::default().with_slots(Some(4), &[t(None, None); 3]),
+            Headroom::default()
         );
     }
 
@@ -198,7 +201,7 @@ mod tests {
         let mut by_class = [t(None, None); 3];
         by_class[std.index()] = t(Some(1000), None);
         by_class[shed.index()] = t(Some(500), None);
-        let room = Room::new(300, Some(2048), &by_class);
+        let room = Headroom::new(300, Some(2048), &by_class);
         assert_eq!(
             room.why(std, 0),
             None,
@@ -212,13 +215,13 @@ mod tests {
             "a lower limit is crossed sooner"
         );
         assert_eq!(room.why(crit, u64::MAX), None, "no prefill threshold");
-        let none = Room::new(300, Some(2048), &[t(None, None); 3]);
+        let none = Headroom::new(300, Some(2048), &[t(None, None); 3]);
         assert_eq!(
             none,
-            Room::default(),
+            Headroom::default(),
             "no prefill threshold: no room to carry"
         );
-        let frac = Room::new(0, Some(2048), &[t(None, Some(0.25)); 3]);
+        let frac = Headroom::new(0, Some(2048), &[t(None, Some(0.25)); 3]);
         let why = frac.why(std, 1024).map(|w| (w.knob, w.value, w.threshold));
         assert_eq!(why, Some((Knob::PrefillTokensFrac, 0.5, 0.25)));
     }
