@@ -447,13 +447,14 @@ fn a_room_refusal_says_when_to_come_back() {
     }
 }
 
-/// A model of one worker made busy by a pushed load report, with a room.
-fn busy_with_room(w: &Upstream, room: &str) -> ServerHandle {
+/// A model of one worker made busy by a pushed load report, with a room (`worker`: more
+/// keys of the worker).
+fn busy_with_room(w: &Upstream, room: &str, worker: &str) -> ServerHandle {
     proxy(
         2,
         &format!(
             "[[models]]\nname = \"m\"\nactive_decode_blocks_threshold = 0.5\n{room}\n\
-             [[models.workers]]\nurl = \"{}\"\nname = \"w\"\nkv_total_blocks = 100\nload_sources = [\"push\"]\n",
+             [[models.workers]]\nurl = \"{}\"\nname = \"w\"\nkv_total_blocks = 100\nload_sources = [\"push\"]\n{worker}\n",
             w.url()
         ),
     )
@@ -471,7 +472,7 @@ fn report(p: &ServerHandle, blocks: u64) {
 #[test]
 fn a_waiter_binds_when_a_worker_stops_being_busy() {
     let w = echo_upstream("w");
-    let p = busy_with_room(&w, "waiting_room_size = 4");
+    let p = busy_with_room(&w, "waiting_room_size = 4", "");
     report(&p, 90);
     let r = once(p.data_addr, &tagged("at-once", ""));
     assert_eq!(r.status, 529, "{}", r.text());
@@ -481,6 +482,7 @@ fn a_waiter_binds_when_a_worker_stops_being_busy() {
     let p = busy_with_room(
         &w,
         "waiting_room_size = 4\nwaiting_room_waits_for_busy = true",
+        "",
     );
     report(&p, 90);
     let waiter = wait_in_room(&p, "waiter", 0.0);
@@ -499,16 +501,8 @@ fn a_waiter_binds_when_a_worker_stops_being_busy() {
 #[test]
 fn all_busy_with_a_full_worker_is_answered_at_once() {
     let w = Held::new("w");
-    let p = proxy(
-        2,
-        &format!(
-            "[[models]]\nname = \"m\"\nactive_decode_blocks_threshold = 0.5\n\
-             waiting_room_size = 4\nwaiting_room_timeout_ms = 10000\n\
-             [[models.workers]]\nurl = \"{}\"\nname = \"w\"\nkv_total_blocks = 100\n\
-             load_sources = [\"push\"]\nengine_request_limit = 1\n",
-            w.url()
-        ),
-    );
+    let room = "waiting_room_size = 4\nwaiting_room_timeout_ms = 10000";
+    let p = busy_with_room(&w.up, room, "engine_request_limit = 1");
     let running = spawn_request(p.data_addr, tagged("running", ""));
     eventually("running", Duration::from_secs(5), || w.up.count() == 1);
     report(&p, 90);
@@ -528,7 +522,7 @@ fn a_wait_for_busy_workers_ends_with_their_answer() {
     let w = echo_upstream("w");
     let room =
         "waiting_room_size = 4\nwaiting_room_timeout_ms = 300\nwaiting_room_waits_for_busy = true";
-    let p = busy_with_room(&w, room);
+    let p = busy_with_room(&w, room, "");
     report(&p, 90);
     let started = Instant::now();
     let r = once(p.data_addr, &tagged("waiter", ""));

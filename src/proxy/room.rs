@@ -19,7 +19,7 @@ use super::error::{AttemptError, Refusal, RequestError};
 use super::exchange::{Exchange, Outbound};
 use super::pick::{Excluded, Picked, Unpicked, pick};
 use super::watch::{Interrupt, watched};
-use crate::admission::{Room, Turned, Waiter};
+use crate::admission::{Gate, Room, Turned, Waiter};
 use crate::config::WaitingRoom;
 use crate::route::RouterMode;
 use crate::runtime::clock;
@@ -63,27 +63,47 @@ pub(super) fn first_pick<'s>(
     excluded: Excluded,
     now: u64,
 ) -> First<'s> {
-    let (snap, model) = (req.snap, req.model);
-    let mut free = excluded;
-    if model.router_mode != RouterMode::Direct {
-        for (i, m) in model.members.iter().enumerate() {
-            let gate = snap.workers[m.worker as usize].gate.as_deref();
-            if gate.is_some_and(|g| !g.has_room_for(req.class)) {
-                free.refused(i);
-            }
-        }
-    }
+    let free = match req.model.router_mode {
+        RouterMode::Direct => excluded,
+        _ => with_full(req, excluded, |g| g.has_room_for(req.class)),
+    };
     match pick(ctx, req, worker_id, prompt, free, now) {
         Ok(picked) => First::Picked(picked),
         Err(none) if free == excluded => First::Unpicked(none),
-        // Picks note nothing, so the router may ask again with the full gates in: a
-        // worker it would pick means a wait for a slot; none is its answer (every worker
-        // busy is the overload answer at once).
-        Err(_) => match pick(ctx, req, worker_id, prompt, excluded, now) {
-            Ok(_) => First::Full,
-            Err(none) => First::Unpicked(none),
+        Err(_) => match full_or_answer(ctx, req, (worker_id, prompt), excluded, now) {
+            None => First::Full,
+            Some(none) => First::Unpicked(none),
         },
     }
+}
+
+/// `excluded` and the members whose gates are full by `has_room`.
+fn with_full(
+    req: &Outbound<'_>,
+    mut excluded: Excluded,
+    has_room: impl Fn(&Gate) -> bool,
+) -> Excluded {
+    for (i, m) in req.model.members.iter().enumerate() {
+        let gate = req.snap.workers[m.worker as usize].gate.as_deref();
+        if gate.is_some_and(|g| !has_room(g)) {
+            excluded.refused(i);
+        }
+    }
+    excluded
+}
+
+/// After a pick that left out the full gates found nobody: the router asked again with
+/// them in (picks note nothing). A member it would pick means a wait for a slot (`None`);
+/// none is its answer, so every worker busy is the overload answer at once and none
+/// available is 503, full gates or not.
+fn full_or_answer<'s>(
+    ctx: &CoreCtx,
+    req: &Outbound<'s>,
+    (worker_id, prompt): (Option<&[u8]>, &[u8]),
+    excluded: Excluded,
+    now: u64,
+) -> Option<Unpicked<'s>> {
+    pick(ctx, req, worker_id, prompt, excluded, now).err()
 }
 
 /// What a look at the model's workers found.
@@ -263,26 +283,19 @@ async fn wait<'s>(
 fn look<'s>(ctx: &CoreCtx, ex: &Exchange<'_, 's>) -> Look<'s> {
     let req = &ex.req;
     let (snap, model) = (req.snap, req.model);
-    let mut full = Excluded::default();
-    for (i, m) in model.members.iter().enumerate() {
-        let gate = snap.workers[m.worker as usize].gate.as_deref();
-        if gate.is_some_and(|g| !g.look(req.class)) {
-            full.refused(i);
-        }
-    }
+    let mut full = with_full(req, Excluded::default(), |g| g.look(req.class));
     // Each pass takes a slot or marks one more member full (pools beyond the 128 members
     // `Excluded` marks end at a wait).
     for _ in 0..=model.members.len() {
         let now = clock::now_ms();
         let picked = match pick(ctx, req, None, ex.prompt(), full, now) {
             Ok(p) => p,
-            // As the first pick: a worker the router would pick with the full gates in
-            // means a wait for a slot; none is its answer.
-            Err(none) if full.any() => {
-                match pick(ctx, req, None, ex.prompt(), Excluded::default(), now) {
-                    Ok(_) => return Look::Full,
-                    Err(_) => return Look::Unpicked(none),
-                }
+            Err(_) if full.any() => {
+                let all = Excluded::default();
+                return match full_or_answer(ctx, req, (None, ex.prompt()), all, now) {
+                    None => Look::Full,
+                    Some(none) => Look::Unpicked(none),
+                };
             }
             Err(none) => return Look::Unpicked(none),
         };

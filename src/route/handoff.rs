@@ -30,11 +30,11 @@ const VLLM_PREFILL_REPLACED: [&[u8]; 5] = [
 const SGLANG_REPLACED: [&[u8]; 3] = [b"bootstrap_host", b"bootstrap_port", b"bootstrap_room"];
 
 /// Copies `body`'s top-level members into `out` as an object, leaving out those whose key
-/// `drop` names, and leaves the object open (no closing brace): returns whether a member
-/// was written (so the next one needs a comma).
+/// `drop` names (it sees every key), and leaves the object open (no closing brace):
+/// returns whether a member was written (so the next one needs a comma).
 fn copy_members(
     body: &[u8],
-    drop: impl Fn(&JsonStr<'_>) -> bool,
+    mut drop: impl FnMut(&JsonStr<'_>) -> bool,
     out: &mut Vec<u8>,
 ) -> Result<bool, PeekError> {
     out.clear();
@@ -66,22 +66,15 @@ fn member(out: &mut Vec<u8>, wrote: &mut bool, key: &[u8], value: &[u8]) {
     *wrote = true;
 }
 
-/// Whether `body` has a top-level `max_completion_tokens`.
-fn has_max_completion_tokens(body: &[u8]) -> Result<bool, PeekError> {
-    let mut found = false;
-    walk(body, |m| {
-        found |= m.key.is(b"max_completion_tokens");
-        Ok(())
-    })?;
-    Ok(found)
-}
-
 /// vLLM's stage 1: `body` for a prefill worker, into `out`: `stream` false, `max_tokens` 1
 /// (and `max_completion_tokens` 1 when the request has it), no `stream_options`, and
 /// `kv_transfer_params` asking for a remote decode; every other member as sent.
 pub fn vllm_prefill(body: &[u8], out: &mut Vec<u8>) -> Result<(), PeekError> {
-    let completion = has_max_completion_tokens(body)?;
-    let replaced = |k: &JsonStr<'_>| VLLM_PREFILL_REPLACED.iter().any(|r| k.is(r));
+    let mut completion = false;
+    let replaced = |k: &JsonStr<'_>| {
+        completion |= k.is(b"max_completion_tokens");
+        VLLM_PREFILL_REPLACED.iter().any(|r| k.is(r))
+    };
     let mut wrote = copy_members(body, replaced, out)?;
     member(out, &mut wrote, b"stream", b"false");
     member(out, &mut wrote, b"max_tokens", b"1");
