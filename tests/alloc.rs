@@ -11,6 +11,7 @@
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use spillway_testkit::alloc::{CountingAlloc, Watch, allocations};
 use spillway_testkit::{model, proxy};
@@ -55,8 +56,9 @@ fn read_message(s: &mut TcpStream, buf: &mut [u8]) -> Option<usize> {
     }
 }
 
-/// A fake worker on port 0 that reads each request whole and `answer`s it.
-fn fake_worker(answer: fn(&mut TcpStream) -> std::io::Result<()>) -> String {
+/// A fake worker on port 0 that reads each request whole and `answer`s it (given the
+/// request).
+fn fake_worker(answer: fn(&mut TcpStream, &[u8]) -> std::io::Result<()>) -> String {
     let worker = TcpListener::bind("127.0.0.1:0").unwrap();
     let worker_url = format!("http://{}", worker.local_addr().unwrap());
     std::thread::spawn(move || {
@@ -65,8 +67,8 @@ fn fake_worker(answer: fn(&mut TcpStream) -> std::io::Result<()>) -> String {
                 let mut s = s;
                 let _ = s.set_nodelay(true);
                 let mut buf = [0u8; 16384];
-                while read_message(&mut s, &mut buf).is_some() {
-                    if answer(&mut s).is_err() {
+                while let Some(n) = read_message(&mut s, &mut buf) {
+                    if answer(&mut s, &buf[..n]).is_err() {
                         return;
                     }
                 }
@@ -78,13 +80,13 @@ fn fake_worker(answer: fn(&mut TcpStream) -> std::io::Result<()>) -> String {
 
 /// A fake worker that answers every request with `RESPONSE`.
 fn worker() -> String {
-    fake_worker(|s| s.write_all(RESPONSE))
+    fake_worker(|s, _| s.write_all(RESPONSE))
 }
 
 /// A fake worker that streams every answer: a chunked `text/event-stream` of `EVENTS`
 /// token events, a usage event and `[DONE]`, each written on its own.
 fn stream_worker() -> String {
-    fake_worker(write_stream)
+    fake_worker(|s, _| write_stream(s))
 }
 
 const EVENTS: usize = 16;
@@ -357,6 +359,63 @@ fn access_log_allocates_nothing() {
     assert!(lines > 0, "no line reached the log");
 }
 
+/// A prefill worker's answer to vLLM's stage 1: one token, and the KV cache's transfer
+/// parameters.
+const PREFILL_RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 191\r\n\r\n\
+{\"choices\":[{\"text\":\"h\"}],\"kv_transfer_params\":{\"do_remote_prefill\":true,\"do_remote_decode\":false,\"remote_block_ids\":[1,2,3],\"remote_engine_id\":\"e\",\"remote_host\":\"127.0.0.1\",\"remote_port\":1}}";
+
+/// A disaggregated model (docs/behaviour.md §23): every request runs stage 1 on the prefill
+/// pool (its body rewritten, its answer collected, the parameters spliced into stage 2),
+/// then stage 2 on the decode pool, in the connection's reused buffers.
+fn disaggregated_path_allocates_nothing() {
+    static PREFILLS: AtomicUsize = AtomicUsize::new(0);
+    static HANDED: AtomicUsize = AtomicUsize::new(0);
+    let prefill = fake_worker(|s, request| {
+        let stage_1 = br#""kv_transfer_params":{"do_remote_decode":true"#;
+        if request.windows(stage_1.len()).any(|w| w == stage_1) {
+            PREFILLS.fetch_add(1, Ordering::Relaxed);
+        }
+        s.write_all(PREFILL_RESPONSE)
+    });
+    fn decode() -> String {
+        fake_worker(|s, request| {
+            let stage_2 = br#""kv_transfer_params":{"do_remote_prefill":true"#;
+            if request.windows(stage_2.len()).any(|w| w == stage_2) {
+                HANDED.fetch_add(1, Ordering::Relaxed);
+            }
+            s.write_all(RESPONSE)
+        })
+    }
+    let (n, whose) = allocations_with(
+        decode,
+        read_message,
+        1,
+        |urls| {
+            let front = model("m", "prefill = \"m-prefill\"", urls);
+            let pool = model(
+                "m-prefill",
+                "role = \"prefill\"",
+                std::slice::from_ref(&prefill),
+            );
+            format!("{front}{pool}")
+        },
+        &[REQUEST.to_vec()],
+    );
+    assert_eq!(
+        n, 0,
+        "{n} heap allocations over 5,000 disaggregated requests: {whose}"
+    );
+    let (stage_1, stage_2) = (
+        PREFILLS.load(Ordering::Relaxed),
+        HANDED.load(Ordering::Relaxed),
+    );
+    assert_eq!(
+        (stage_1, stage_2),
+        (5_500, 5_500),
+        "both stages, every request"
+    );
+}
+
 /// A model with a waiting room and one slot, two clients at once: most requests find the
 /// slot taken and wait in the room, are notified when it comes back and bind to it.
 fn waiting_room_allocates_nothing() {
@@ -424,7 +483,11 @@ fn waiting_room_allocates_nothing() {
 }
 
 fn main() {
-    let checks: [(&str, fn()); 6] = [
+    let checks: [(&str, fn()); 7] = [
+        (
+            "disaggregated_path_allocates_nothing",
+            disaggregated_path_allocates_nothing,
+        ),
         (
             "steady_state_proxying_allocates_nothing",
             steady_state_proxying_allocates_nothing,

@@ -18,6 +18,8 @@ pub struct Record<'a> {
     pub model: Option<&'a [u8]>,
     pub router: Option<&'static str>,
     pub worker: Option<&'a [u8]>,
+    /// A disaggregated request's prefill worker.
+    pub prefill_worker: Option<&'a [u8]>,
     pub status: u16,
     pub knob: Option<&'static str>,
     pub class: Option<&'static str>,
@@ -53,6 +55,7 @@ impl<'a> Record<'a> {
             Field::Model => text(self.model),
             Field::Router => label(self.router),
             Field::Worker => text(self.worker),
+            Field::PrefillWorker => text(self.prefill_worker),
             Field::Status => Value::Num(u64::from(self.status)),
             Field::Knob => label(self.knob),
             Field::Class => label(self.class),
@@ -202,6 +205,7 @@ mod tests {
             model: Some(b"m\"x"),
             router: Some("round-robin"),
             worker: Some(b"w1"),
+            prefill_worker: Some(b"p1"),
             status: 529,
             knob: Some("active_decode_blocks_threshold"),
             class: Some("standard"),
@@ -229,6 +233,10 @@ mod tests {
         assert_eq!(v["queue_ms"], 1.5);
         assert_eq!(v["ttft_ms"], serde_json::Value::Null);
         assert_eq!(v["knob"], "active_decode_blocks_threshold");
+        assert_eq!(
+            (&v["worker"], &v["prefill_worker"]),
+            (&"w1".into(), &"p1".into())
+        );
         assert_eq!(v.as_object().unwrap().len(), Field::ALL.len());
     }
 

@@ -26,6 +26,7 @@ pub enum Field {
     Model,
     Router,
     Worker,
+    PrefillWorker,
     Status,
     Knob,
     Class,
@@ -40,7 +41,7 @@ pub enum Field {
 }
 
 impl Field {
-    pub const ALL: [Field; 19] = [
+    pub const ALL: [Field; 20] = [
         Field::Time,
         Field::RequestId,
         Field::Client,
@@ -49,6 +50,7 @@ impl Field {
         Field::Model,
         Field::Router,
         Field::Worker,
+        Field::PrefillWorker,
         Field::Status,
         Field::Knob,
         Field::Class,
@@ -72,6 +74,7 @@ impl Field {
             Field::Model => "model",
             Field::Router => "router",
             Field::Worker => "worker",
+            Field::PrefillWorker => "prefill_worker",
             Field::Status => "status",
             Field::Knob => "knob",
             Field::Class => "class",

@@ -187,6 +187,14 @@ pub struct FileModel {
     /// Whether a request that finds every worker busy waits in the room (else the
     /// overload answer at once).
     pub waiting_room_waits_for_busy: Option<Spanned<bool>>,
+    /// `"prefill"`: the entry is a prefill pool; `"decode"`: it names one (`prefill`).
+    pub role: Option<Spanned<String>>,
+    /// The prefill pool (a `role = "prefill"` entry's name) that runs stage 1.
+    pub prefill: Option<Spanned<String>>,
+    /// The engines' handoff between the stages (`vllm`).
+    pub handoff: Option<Spanned<String>>,
+    /// Prompts under this many uncached tokens skip stage 1.
+    pub max_local_prefill_tokens: Option<u64>,
     #[serde(default)]
     pub workers: Vec<FileWorker>,
     pub dns: Option<FileDns>,

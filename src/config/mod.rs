@@ -6,6 +6,7 @@
 pub mod access_log;
 pub mod addr;
 mod classes;
+mod disagg;
 mod discovery;
 pub mod file;
 mod health;
@@ -23,6 +24,7 @@ use crate::route::{KvSettings, RouterMode};
 use crate::shed::{Adaptive, Class, Thresholds};
 pub use addr::{Addrs, HostPort, WorkerAddrs, parse_http_url, parse_worker_url};
 pub use classes::{ClassSettings, Classes, DEFAULT_CLASS_HEADER};
+pub use disagg::{Disagg, Handoff, PoolRole};
 pub use discovery::{
     Capacity, DEFAULT_DNS_INTERVAL_MS, Discovery, DiscoverySource, Found, NatsConfig,
 };
@@ -201,6 +203,10 @@ pub struct ModelConfig {
     pub health_check: Option<crate::health::CheckSettings>,
     /// Its waiting room (docs/behaviour.md §8.12), when `waiting_room_size` is set.
     pub waiting_room: Option<WaitingRoom>,
+    /// A prefill pool, or a model clients name (docs/behaviour.md §23).
+    pub role: PoolRole,
+    /// Its prefill pool and handoff, when its requests are disaggregated.
+    pub disagg: Option<Disagg>,
 }
 
 /// A model's waiting room: `size` places over all cores, each wait at most `timeout_ms`;

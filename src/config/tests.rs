@@ -65,6 +65,86 @@ fn tenant_settings_are_checked() {
     }
 }
 
+/// A prefill pool `p` (with `pool` lines) and model `m` naming it (with `front` lines).
+fn pools(front: &str, pool: &str) -> String {
+    format!(
+        "[[models]]\nname = \"m\"\n{front}\n[[models.workers]]\nurl = \"http://127.0.0.1:1\"\n\
+         [[models]]\nname = \"p\"\n{pool}\n[[models.workers]]\nurl = \"http://127.0.0.1:2\"\n"
+    )
+}
+
+#[test]
+fn disaggregated_pools_are_checked() {
+    let c = parse(&pools(
+        "prefill = \"p\"\nmax_local_prefill_tokens = 512",
+        "role = \"prefill\"",
+    ))
+    .unwrap();
+    let (m, p) = (&c.models[0], &c.models[1]);
+    assert_eq!((m.role, p.role), (PoolRole::Serve, PoolRole::Prefill));
+    let d = m.disagg.as_ref().unwrap();
+    assert_eq!((d.prefill.as_str(), d.handoff), ("p", Handoff::Vllm));
+    assert_eq!((d.max_local_prefill_tokens, p.disagg.as_ref()), (512, None));
+    let decode = pools("role = \"decode\"\nprefill = \"p\"", "role = \"prefill\"");
+    assert!(parse(&decode).is_ok());
+    let cases = [
+        (
+            pools("prefill = \"x\"", "role = \"prefill\""),
+            "models[0].prefill (line 3): `x` is no prefill pool",
+        ),
+        (
+            pools("prefill = \"p\"", ""),
+            "models[0].prefill (line 3): `p` is no prefill pool",
+        ),
+        (
+            pools("", "role = \"prefill\""),
+            "models[1].role (line 8): prefill pool `p` is named by no model's `prefill`",
+        ),
+        (
+            pools(
+                "prefill = \"p\"",
+                "role = \"prefill\"\nrouter_mode = \"direct\"",
+            ),
+            "models[1].router_mode (line 9): stage 1 names no worker",
+        ),
+        (
+            pools("prefill = \"p\"", "role = \"prefill\"\nprefill = \"p\""),
+            "models[1].prefill (line 9): a prefill pool has no prefill pool of its own",
+        ),
+        (
+            pools("role = \"decode\"", ""),
+            "models[0].role (line 3): a decode pool names its prefill pool: set `prefill`",
+        ),
+        (
+            pools("role = \"both\"", ""),
+            "models[0].role (line 3): unknown role `both` (expected prefill or decode)",
+        ),
+        (
+            pools("handoff = \"vllm\"", ""),
+            "models[0].handoff (line 3): only a model with a prefill pool has stages",
+        ),
+        (
+            pools("max_local_prefill_tokens = 5", ""),
+            "models[0].max_local_prefill_tokens: only a model with a prefill pool has stages",
+        ),
+        (
+            pools(
+                "prefill = \"p\"\nhandoff = \"sglang\"",
+                "role = \"prefill\"",
+            ),
+            "models[0].handoff (line 4): SGLang's bootstrap handoff is not implemented yet",
+        ),
+        (
+            pools("prefill = \"p\"\nhandoff = \"nixl\"", "role = \"prefill\""),
+            "models[0].handoff (line 4): unknown handoff `nixl` (expected vllm)",
+        ),
+    ];
+    for (toml, want) in cases {
+        let e = parse(&toml).unwrap_err().to_string();
+        assert!(e.contains(want), "{toml}: {e}");
+    }
+}
+
 #[test]
 fn errors_name_key_and_line() {
     let cases: &[(&str, &str)] = &[

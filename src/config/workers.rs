@@ -79,6 +79,7 @@ impl Validator<'_> {
             }
             models.push(model);
         }
+        self.pools(&models, file)?;
         Ok((models, workers))
     }
 
@@ -108,6 +109,7 @@ impl Validator<'_> {
             )?,
             None => o.router_mode.unwrap_or(RouterMode::RoundRobin),
         };
+        let (role, disagg) = self.pool(&key, m)?;
         let thresholds = self.thresholds(&key, m, o)?;
         let kv = self.kv(&key, m, &o.kv)?;
         let discovery = self.discovery(&key, m, o)?;
@@ -151,6 +153,8 @@ impl Validator<'_> {
             workers: members,
             discovery,
             health_check: None,
+            role,
+            disagg,
         })
     }
 

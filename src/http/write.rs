@@ -1,6 +1,8 @@
 //! Head rewriting: what goes upstream and what goes back to the client. Appends to a
 //! reused buffer; allocates only if that buffer must grow.
 
+use std::ops::Range;
+
 use super::request::RequestHead;
 use super::response::ResponseHead;
 use super::{BodyFraming, HeaderSpan};
@@ -55,7 +57,8 @@ pub fn finish_head(out: &mut Vec<u8>, request_id: &[u8], keep_alive: bool) {
 /// the request id. An absolute-form target's authority becomes the Host, in place of the
 /// client's (RFC 9112 §3.2.2; the parser marks those fields not to forward). An HTTP/1.0
 /// request without Host gets an empty one (RFC 9112 §3.2: HTTP/1.1 requires the field,
-/// empty when the target has no authority).
+/// empty when the target has no authority). Returns where the `content-length` value's
+/// digits are in `out`, when it has one ([`set_content_length`] rewrites it).
 pub fn upstream_request_head(
     out: &mut Vec<u8>,
     buf: &[u8],
@@ -63,7 +66,7 @@ pub fn upstream_request_head(
     body_len: usize,
     client_ip: &[u8],
     request_id: &[u8],
-) {
+) -> Option<Range<usize>> {
     out.extend_from_slice(head.method_span.get(buf));
     out.push(b' ');
     out.extend_from_slice(head.target.get(buf));
@@ -74,9 +77,12 @@ pub fn upstream_request_head(
         None => {}
     }
     forwarded_fields(out, buf, head.headers.forwarded());
+    let mut length_at = None;
     if body_len > 0 || head.body != BodyFraming::None {
         out.extend_from_slice(b"content-length: ");
+        let at = out.len();
         out.extend_from_slice(itoa::Buffer::new().format(body_len).as_bytes());
+        length_at = Some(at..out.len());
         out.extend_from_slice(b"\r\n");
     }
     out.extend_from_slice(b"x-forwarded-for: ");
@@ -90,6 +96,18 @@ pub fn upstream_request_head(
     out.extend_from_slice(b"\r\n");
     header(out, b"x-request-id", request_id);
     out.extend_from_slice(b"\r\n");
+    length_at
+}
+
+/// Writes `len` over the `content-length` digits at `at` in `out` (a head, perhaps with
+/// its body after it), moving what follows; returns the digits' new place. No allocation
+/// while `out` has the room.
+pub fn set_content_length(out: &mut Vec<u8>, at: Range<usize>, len: usize) -> Range<usize> {
+    let mut digits = itoa::Buffer::new();
+    let digits = digits.format(len).as_bytes();
+    let start = at.start;
+    out.splice(at, digits.iter().copied());
+    start..start + digits.len()
 }
 
 /// How the client sees the response body (RFC 9112 §6.3): an HTTP/1.1 client gets the
@@ -210,7 +228,17 @@ mod tests {
         let mut head = RequestHead::default();
         assert_eq!(parse_request(raw, 4096, 1 << 20, &mut head), Ok(true));
         let mut out = Vec::new();
-        upstream_request_head(&mut out, raw, &head, 17, b"10.0.0.1", b"rid");
+        let at = upstream_request_head(&mut out, raw, &head, 17, b"10.0.0.1", b"rid").unwrap();
+        assert_eq!(&out[at.clone()], b"17");
+        // A stage's body in place of the client's: the length follows, digits and all.
+        let mut staged = out.clone();
+        staged.extend_from_slice(b"{}");
+        let at2 = set_content_length(&mut staged, at.clone(), 2);
+        assert_eq!(&staged[at2.clone()], b"2");
+        assert!(staged.ends_with(b"content-length: 2\r\nx-forwarded-for: 9.9.9.9, 10.0.0.1\r\nx-request-id: rid\r\n\r\n{}"));
+        let at3 = set_content_length(&mut staged, at2, 12_345);
+        assert_eq!(&staged[at3], b"12345");
+        assert_eq!(staged.len(), out.len() + 3 + 2);
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "POST /v1/chat/completions HTTP/1.1\r\nHost: p\r\nContent-Type: application/json\r\n\

@@ -52,10 +52,17 @@ pub(super) fn families(f: &mut Families, snap: &Snapshot) {
     // Spillway has no `preprocess` work (no template, no tokenizer): the series is there,
     // at 0, so queries over the three stages see the same set as against Dynamo.
     let mut stages = vec![(labels(&[("stage", "preprocess"), ("phase", "")]), 0.0)];
+    // A disaggregated model's pools are the `prefill` and `decode` phases (§23).
+    let phase = |m: &crate::state::Model| m.role.worker_type(m.disagg.is_some());
     for s in Stage::ALL {
-        let n: u64 = snap.models.iter().map(|m| m.metrics.in_stage(s)).sum();
-        let l = [("stage", s.label()), ("phase", "aggregated")];
-        stages.push((labels(&l), n as f64));
+        for p in ["aggregated", "prefill", "decode"] {
+            let of_phase = snap.models.iter().filter(|m| phase(m) == p);
+            let n: u64 = of_phase.clone().map(|m| m.metrics.in_stage(s)).sum();
+            if p == "aggregated" || of_phase.count() > 0 {
+                let l = [("stage", s.label()), ("phase", p)];
+                stages.push((labels(&l), n as f64));
+            }
+        }
     }
     f.gauge(
         "dynamo_frontend_stage_requests",

@@ -13,8 +13,10 @@ mod process;
 use families::{Families, histogram, labels};
 use prometheus::proto::LabelPair;
 
+use crate::config::PoolRole;
 use crate::monitor::Control;
 use crate::route::Endpoint;
+use crate::route::handoff::Handed;
 use crate::runtime::clock;
 use crate::shed::{Class, Knob};
 use crate::state::counters::{
@@ -30,6 +32,7 @@ pub fn render(control: &Control) -> Vec<u8> {
     let snap = control.shared.snapshot.load_full();
     let mut f = Families::new();
     requests(&mut f, &snap);
+    handoffs(&mut f, &snap);
     latencies(&mut f, &snap);
     frontend::families(&mut f, &snap);
     worker_load(&mut f, control, &snap, clock::now_ms());
@@ -130,6 +133,32 @@ fn requests(f: &mut Families, snap: &Snapshot) {
     );
 }
 
+/// Second stages per disaggregated model and outcome (docs/behaviour.md §23.5).
+fn handoffs(f: &mut Families, snap: &Snapshot) {
+    let mut out = Vec::new();
+    for m in snap.models.iter().filter(|m| m.disagg.is_some()) {
+        for how in Handed::ALL {
+            let l = [("model", &*m.name), ("outcome", how.label())];
+            out.push((labels(&l), m.metrics.handoffs(how) as f64));
+        }
+    }
+    let disaggregated = snap.models.iter().filter(|m| m.disagg.is_some());
+    let ttft = disaggregated.map(|m| {
+        let h = histogram(&TTFT_BUCKETS, &m.metrics, |c| &c.handoff_ttft);
+        (labels(&[("model", &m.name)]), h)
+    });
+    f.histogram(
+        "spillway_handoff_first_token_seconds",
+        "Disaggregated requests handed off with the prefill worker's KV cache: from the prefill stage's end to the first decoded token",
+        ttft.collect::<Vec<_>>(),
+    );
+    f.counter(
+        "spillway_handoffs_total",
+        "Disaggregated requests' second stages, by how they began: remote (the prefill worker's KV cache), fallback (stage 1 failed: prefilled where decoded), local (short enough to skip stage 1)",
+        out,
+    );
+}
+
 /// Refusals per model, knob and class.
 fn refusals(snap: &Snapshot) -> Series {
     let mut out = Vec::new();
@@ -194,10 +223,11 @@ fn worker_load(f: &mut Families, control: &Control, snap: &Snapshot, now: u64) {
     let staleness = snap.config.load_staleness_ms;
     let (mut decode, mut prefill, mut waiting) = (Vec::new(), Vec::new(), Vec::new());
     let (mut slots, mut missing) = (Vec::new(), Vec::new());
-    for w in snap.workers.iter() {
+    for (i, w) in snap.workers.iter().enumerate() {
         let Some(load) = control.monitor.table.workers.get(&w.state.slot) else {
             continue;
         };
+        let worker_type = worker_type(snap, i);
         let worker = [("worker_id", w.cfg.name.as_str())];
         if let Some(n) = load.total_slots(&w.cfg) {
             slots.push((labels(&worker), n as f64));
@@ -212,7 +242,7 @@ fn worker_load(f: &mut Families, control: &Control, snap: &Snapshot, now: u64) {
             let l = [
                 ("worker_id", w.cfg.name.as_str()),
                 ("dp_rank", rank.as_str()),
-                ("worker_type", "decode"),
+                ("worker_type", worker_type),
             ];
             if let Some(v) = e.kv_used_blocks.max(e.active_decode_blocks) {
                 decode.push((labels(&l), v as f64));
@@ -250,6 +280,20 @@ fn worker_load(f: &mut Families, control: &Control, snap: &Snapshot, now: u64) {
         "1 for each metric a scraped worker's engine family should export and its last scrape lacked",
         missing,
     );
+}
+
+/// Dynamo's `worker_type` of a worker: `prefill` when it serves prefill pools only
+/// (docs/behaviour.md §23), else `decode` (Dynamo's label for aggregated workers too).
+fn worker_type(snap: &Snapshot, worker: usize) -> &'static str {
+    let mut pools = (snap.models.iter())
+        .filter(|m| m.members.iter().any(|p| p.worker as usize == worker))
+        .peekable();
+    let some = pools.peek().is_some();
+    if some && pools.all(|m| m.role == PoolRole::Prefill) {
+        "prefill"
+    } else {
+        "decode"
+    }
 }
 
 /// One series per model with a waiting room.

@@ -1,10 +1,11 @@
 //! One attempt on one worker, in stage order: admit at its gate → connect or reuse and
 //! send → read the response head (once more on a fresh connection when a reused one was
 //! closed before any byte) → (a refusal ends the attempt here, and so does a 5xx when
-//! another worker may retry it) → relay the body → give the connection back to the pool,
-//! watched. Guards give back the slot and the tracked load on every path.
+//! another worker may retry it) → relay the body (or, for stage 1 of a disaggregated
+//! request, collect it) → give the connection back to the pool, watched. Guards give back the slot and the tracked load on every path.
 
 use super::admit::{Budget, Slot, admit};
+use super::collect::collect;
 use super::connect::{connect_and_send, retry_fresh};
 use super::core::CoreCtx;
 use super::error::AttemptError;
@@ -78,7 +79,11 @@ pub(super) async fn attempt(
     }
     let cells = &ex.req.model.metrics.cores[ctx.id];
     let mut stream = sent.stream;
-    let reusable = relay(ex, cells, &mut stream, &resp, &mut tracked, limits).await?;
+    let reusable = if ex.collect {
+        collect(ex, cells, &mut stream, &resp, &mut tracked, limits).await?
+    } else {
+        relay(ex, cells, &mut stream, &resp, &mut tracked, limits).await?
+    };
     drop(tracked);
     drop(ticket);
     if reusable {

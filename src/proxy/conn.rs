@@ -122,6 +122,7 @@ async fn burst(ctx: Rc<CoreCtx>, parked: Parked) -> Option<(Parked, Instant)> {
             to_client,
             to_worker,
             from_worker,
+            kept: Vec::new(),
             stalls: ctx.stalls.clone(),
             send_timeout_ms,
         },
@@ -130,6 +131,7 @@ async fn burst(ctx: Rc<CoreCtx>, parked: Parked) -> Option<(Parked, Instant)> {
         peer: PeerIp::new(peer),
         request_id: RequestId::default(),
         class: Class::default(),
+        pool: None,
         scratch: Vec::new(),
         trace: TraceId::default(),
     };

@@ -10,6 +10,7 @@ use std::borrow::Cow;
 
 use crate::admission::{AT_CAPACITY, DEADLINE, QUEUE_TIMEOUT};
 use crate::admission::{ROOM_EVICTED, ROOM_FULL, ROOM_TENANT_FULL, ROOM_TIMEOUT};
+use crate::config::PoolRole;
 use crate::http::HttpError;
 use crate::http::canned::{ErrorAnswer, Field, messages, write_error};
 use crate::route::peek::PeekError;
@@ -186,7 +187,7 @@ impl RequestError {
     pub fn write(
         &self,
         snap: &Snapshot,
-        class: Class,
+        (class, pool): (Class, Option<PoolRole>),
         out: &mut Vec<u8>,
         request_id: &[u8],
         keep_alive: bool,
@@ -197,7 +198,8 @@ impl RequestError {
             NotFound => &snap.responses.not_found,
             UnknownModel => &snap.responses.model_not_found,
             _ if self.client_may_retry() => {
-                return self.write_refusal(snap, class, out, request_id, keep_alive, with_body);
+                let who = (class, pool);
+                return self.write_refusal(snap, who, out, request_id, keep_alive, with_body);
             }
             _ => {
                 let allow = match self {
@@ -216,11 +218,12 @@ impl RequestError {
 
     /// A refusal: Dynamo's body plus `knob`, `value`, `threshold`, `setting` and `class`,
     /// with `Retry-After`. Every body has all five, whatever its knob: figures Spillway
-    /// does not have are `null` (docs/behaviour.md §7.5).
+    /// does not have are `null` (docs/behaviour.md §7.5). A disaggregated model's refusal
+    /// also names its `pool` (§23).
     fn write_refusal(
         &self,
         snap: &Snapshot,
-        class: Class,
+        (class, pool): (Class, Option<PoolRole>),
         out: &mut Vec<u8>,
         request_id: &[u8],
         keep_alive: bool,
@@ -258,7 +261,9 @@ impl RequestError {
             ),
             ("setting", Field::Str(setting)),
             ("class", Field::Str(class.label())),
+            ("pool", Field::Str(pool.map_or("", |p| p.worker_type(true)))),
         ];
+        let fields = &fields[..fields.len() - usize::from(pool.is_none())];
         let mut retry = itoa::Buffer::new();
         let retry_after = retry_after.unwrap_or(config.retry_after_secs);
         let headers = [("retry-after", retry.format(retry_after))];
@@ -267,7 +272,7 @@ impl RequestError {
             status,
             message: &message,
             kind,
-            fields: &fields,
+            fields,
             headers: &headers,
         };
         answer.write(out, request_id, keep_alive, with_body);

@@ -55,9 +55,17 @@ pub(super) struct Exchange<'a, 'r> {
     pub request_id: &'a [u8],
     /// What the request's log line will say.
     pub trail: Trail,
-    /// Its time in the model's waiting room: no worker's doing, so a worker's TTFT sample
-    /// for the adaptive mode leaves it out.
-    pub in_room: Duration,
+    /// Its time before the worker that answers had it (in the model's waiting room; a
+    /// disaggregated request's stage 1): no doing of that worker's, so its TTFT sample for
+    /// the adaptive mode leaves it out.
+    pub before_worker: Duration,
+    /// The client's request as it goes upstream: its head's length, and where its
+    /// `content-length` digits are (a disaggregated request's stages rewrite both).
+    pub head_len: usize,
+    pub length_at: Option<Range<usize>>,
+    /// Stage 1 of a disaggregated request: the response body is collected whole into
+    /// `io.to_client`, not relayed.
+    pub collect: bool,
 }
 
 impl Exchange<'_, '_> {

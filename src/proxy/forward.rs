@@ -10,23 +10,29 @@
 //! machine, among the common path's instructions, and cost about 3 % CPU per request in
 //! instruction-cache misses (bench/README.md, `bench/results/proxy-cachesim-27.md`).
 
+use std::time::Duration;
+
 use super::attempt::{Done, attempt};
 use super::core::CoreCtx;
 use super::error::{AttemptError, Refusal, RequestError};
 use super::exchange::{Exchange, Outbound};
 use super::guards::{InStage, Inflight, RetryPlace};
 use super::log::ClosedBy;
-use super::pick::{Excluded, Unpicked, bound, pick};
+use super::pick::{Excluded, Unpicked, bound, foresee, pick};
 use super::response::failed;
 use super::room::{Stay, Unbound, bind, first_pick};
+use super::stages::{client_request, decode_request, prefill_request};
+use crate::config::PoolRole;
 use crate::http::limits::{INITIAL_READ_BUF, MAX_WORKER_ID_LEN};
 use crate::route::RouterMode;
+use crate::route::handoff::Handed;
 use crate::runtime::clock;
 use crate::shed::{Knob, Why};
 use crate::state::counters::{
-    DURATION_BUCKETS, ISL_BUCKETS, ModelCore, Outcome, RetryReason, Stage, add,
+    DURATION_BUCKETS, ISL_BUCKETS, ModelCore, Outcome, RequestType, RetryReason, Stage,
+    TTFT_BUCKETS, add,
 };
-use crate::state::{Model, Snapshot, Worker};
+use crate::state::{Disaggregated, Model, Snapshot, Worker};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub(super) enum Forwarded {
@@ -47,43 +53,133 @@ impl From<AttemptError> for Forwarded {
     }
 }
 
-/// Forwards one request. On return its bytes are consumed from the client buffer.
+/// Forwards one request. On return its bytes are consumed from the client buffer. A
+/// disaggregated model's request runs stage 1 on its prefill pool first (§23 of
+/// docs/behaviour.md).
 pub(super) async fn forward(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>) -> Forwarded {
-    let req = &ex.req;
-    let cells = &req.model.metrics.cores[ctx.id];
-    cells.classed(req.class);
-    cells.isl.observe_count(&ISL_BUCKETS, req.prompt_tokens);
-    let inflight = Inflight::start(cells);
-    let model: &Model = req.model;
-    let of_tenant = model.tenants.as_deref().map(|t| t.enter(req.tenant));
-    let mut stage = InStage::enter(cells, Stage::Route);
-    let result = attempts(ctx, ex, &mut stage).await;
-    drop(stage);
-    drop(of_tenant);
-    drop(inflight);
-    let req = &ex.req;
-    let outcome = match result {
-        Forwarded::Done { status, .. } => {
-            Outcome::of_status(status, req.snap.config.overload_status_code)
-        }
-        Forwarded::Local(e) => {
-            if e.answers_overloaded() {
-                cells.rejected(req.endpoint);
-            }
-            if let Some(knob) = e.knob() {
-                cells.refused(knob, req.class);
-                log_refusal(ctx, req, &e, knob, ex.request_id);
-            }
-            e.outcome()
-        }
-        Forwarded::Aborted(o) => o,
+    let worker_id = detach(ex);
+    let mut counted = Counted::start(ctx, &ex.req);
+    let staged = match ex.req.model.disagg {
+        Some(d) => prefill(ctx, ex, d).await,
+        None => Ok(None),
     };
-    cells.request_done(req.endpoint, req.request_type, outcome);
-    if !matches!(result, Forwarded::Local(_)) {
-        let secs = clock::since(req.started).as_secs_f64();
-        cells.duration.observe(&DURATION_BUCKETS, secs);
+    let result = match staged {
+        Ok(handed) => {
+            let result = attempts(ctx, ex, &mut counted.stage, worker_id.get()).await;
+            if let (Some(at), Some(ttft)) = (handed, ex.trail.ttft) {
+                let secs = ttft.saturating_sub(at).as_secs_f64();
+                counted.cells.handoff_ttft.observe(&TTFT_BUCKETS, secs);
+            }
+            result
+        }
+        Err(answer) => answer,
+    };
+    counted.finish(ctx, ex, result)
+}
+
+/// A request counted on its model's cells (a disaggregated request's stage 1, on its
+/// prefill pool's): its class, its prompt's size, in flight, its tenant's, its stage; its
+/// outcome once, at [`Counted::finish`].
+struct Counted<'m> {
+    cells: &'m ModelCore,
+    _inflight: Inflight<'m>,
+    _of_tenant: Option<crate::admission::Counted<'m>>,
+    stage: InStage<'m>,
+}
+
+impl<'m> Counted<'m> {
+    fn start(ctx: &CoreCtx, req: &Outbound<'m>) -> Counted<'m> {
+        let model: &'m Model = req.model;
+        let cells = &model.metrics.cores[ctx.id];
+        cells.classed(req.class);
+        cells.isl.observe_count(&ISL_BUCKETS, req.prompt_tokens);
+        Counted {
+            cells,
+            _inflight: Inflight::start(cells),
+            _of_tenant: model.tenants.as_deref().map(|t| t.enter(req.tenant)),
+            stage: InStage::enter(cells, Stage::Route),
+        }
     }
-    result
+
+    fn finish(self, ctx: &CoreCtx, ex: &Exchange<'_, '_>, result: Forwarded) -> Forwarded {
+        let cells = self.cells;
+        drop(self);
+        let req = &ex.req;
+        let outcome = match result {
+            Forwarded::Done { status, .. } => {
+                Outcome::of_status(status, req.snap.config.overload_status_code)
+            }
+            Forwarded::Local(e) => {
+                if e.answers_overloaded() {
+                    cells.rejected(req.endpoint);
+                }
+                if let Some(knob) = e.knob() {
+                    cells.refused(knob, req.class);
+                    log_refusal(ctx, req, &e, knob, ex.request_id);
+                }
+                e.outcome()
+            }
+            Forwarded::Aborted(o) => o,
+        };
+        cells.request_done(req.endpoint, req.request_type, outcome);
+        if !matches!(result, Forwarded::Local(_)) {
+            let secs = clock::since(req.started).as_secs_f64();
+            cells.duration.observe(&DURATION_BUCKETS, secs);
+        }
+        result
+    }
+}
+
+/// Stage 1 of a disaggregated request: unless its prompt is short enough (uncached) to
+/// prefill on the decode worker, or the decode pool would refuse it anyway, the prefill
+/// pool answers a one-token, non-streaming copy of it, and stage 2's request carries
+/// that answer's `kv_transfer_params`: then returns when stage 1 ended (from the
+/// request's start). Err: the client's answer (the prefill pool busy, the decode pool
+/// unable to take it, the client gone). A prefill pool that fails the request leaves
+/// stage 2 the client's own request.
+async fn prefill(
+    ctx: &CoreCtx,
+    ex: &mut Exchange<'_, '_>,
+    d: Disaggregated,
+) -> Result<Option<Duration>, Forwarded> {
+    let (front, pool) = (ex.req.model, ex.req.snap.prefill_pool(&d));
+    let Some(pool) = pool.filter(|_| front.router_mode != RouterMode::Direct) else {
+        return Ok(None);
+    };
+    let now = clock::now_ms();
+    let cached = match foresee(ctx, &ex.req, ex.prompt(), now) {
+        Ok(cached) => cached,
+        // No decode worker would take it: no prefill for nothing (a room waits for one).
+        Err(none) if front.room.is_none() => return Err(unpicked(none, &Tries::default())),
+        Err(_) => 0,
+    };
+    let cells = &front.metrics.cores[ctx.id];
+    let uncached = ex.req.prompt_tokens.saturating_sub(cached);
+    if uncached < d.max_local_prefill_tokens || !prefill_request(ex) {
+        cells.handed(Handed::Local);
+        return Ok(None);
+    }
+    let request_type = ex.req.request_type;
+    (ex.req.model, ex.req.request_type, ex.collect) = (pool, RequestType::Unary, true);
+    let mut counted = Counted::start(ctx, &ex.req);
+    let result = attempts(ctx, ex, &mut counted.stage, None).await;
+    let result = counted.finish(ctx, ex, result);
+    (ex.req.model, ex.req.request_type, ex.collect) = (front, request_type, false);
+    ex.trail.prefill_worker = ex.trail.worker.take();
+    ex.before_worker = clock::since(ex.req.started);
+    let handed = match result {
+        Forwarded::Done { status, .. } if (200..300).contains(&status) => decode_request(ex),
+        // Every prefill worker busy or refusing: the prefill pool's answer. None
+        // available (or all failing): the decode worker prefills it.
+        Forwarded::Local(e) if e.client_may_retry() && e != RequestError::Unavailable => {
+            ex.trail.pool = Some(PoolRole::Prefill);
+            return Err(Forwarded::Local(e));
+        }
+        Forwarded::Aborted(o) => return Err(Forwarded::Aborted(o)),
+        Forwarded::Done { .. } | Forwarded::Local(_) => client_request(ex),
+    };
+    cells.handed(handed);
+    Ok((handed == Handed::Remote).then_some(ex.before_worker))
 }
 
 /// One log line per refusal, at most once a second per knob on each core.
@@ -197,15 +293,20 @@ fn budget<'m>(snap: &Snapshot, model: &'m Model) -> (&'m std::sync::atomic::Atom
     (&model.metrics.retries_running, allowed)
 }
 
-/// Picks and attempts workers until one answers, or none may take the request.
-async fn attempts(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, stage: &mut InStage<'_>) -> Forwarded {
-    let worker_id = detach(ex);
+/// Picks and attempts workers of the request's model until one answers, or none may take
+/// the request.
+async fn attempts(
+    ctx: &CoreCtx,
+    ex: &mut Exchange<'_, '_>,
+    stage: &mut InStage<'_>,
+    id: Option<&[u8]>,
+) -> Forwarded {
     let (snap, model) = (ex.req.snap, ex.req.model);
     let mut tries = Tries::default();
     loop {
         stage.set(Some(Stage::Route));
         let now = clock::now_ms();
-        let (id, excluded) = (worker_id.get(), tries.excluded);
+        let excluded = tries.excluded;
         // A model's waiting room takes a request that no worker refused and none failed
         // once it had it: it may wait there for any worker.
         let room = model.room.as_ref().filter(|_| tries.may_wait());

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use super::session::Session;
 use crate::accesslog::Record;
+use crate::config::PoolRole;
 use crate::http::request::RequestHead;
 use crate::route::RouterMode;
 use crate::runtime::clock;
@@ -27,6 +28,10 @@ pub(super) struct Trail {
     pub bytes_out: u64,
     /// Who ended a response that broke off.
     pub closed: Option<ClosedBy>,
+    /// A disaggregated request's prefill worker (stage 1), and the pool that answered the
+    /// client with a refusal, when one did.
+    pub prefill_worker: Option<usize>,
+    pub pool: Option<PoolRole>,
 }
 
 /// Who ended a response that broke off after bytes reached the client.
@@ -107,10 +112,10 @@ pub(super) fn log_request(s: &Session, target: &Target, e: &Ending<'_>) {
         return;
     };
     let t = e.trail;
-    let worker = t
-        .worker
-        .and_then(|i| s.snap.workers.get(i))
-        .map(|w| w.cfg.name.as_bytes());
+    let name = |w: Option<usize>| {
+        w.and_then(|i| s.snap.workers.get(i))
+            .map(|w| w.cfg.name.as_bytes())
+    };
     let duration = clock::since(e.started);
     let r = Record {
         unix_ms: clock::unix_ms().saturating_sub(duration.as_millis() as u64),
@@ -120,7 +125,8 @@ pub(super) fn log_request(s: &Session, target: &Target, e: &Ending<'_>) {
         path: &target.path[..target.path_len],
         model: e.model.map(|m| m.name.as_bytes()),
         router: e.model.map(|m| router(m.router_mode)),
-        worker,
+        worker: name(t.worker),
+        prefill_worker: name(t.prefill_worker),
         status: e.status,
         knob: e.knob,
         class: e.model.map(|_| s.class.label()),

@@ -21,6 +21,7 @@ mod accept;
 mod admit;
 mod attempt;
 mod body;
+mod collect;
 mod conn;
 mod connect;
 mod core;
@@ -42,6 +43,7 @@ mod request;
 mod response;
 mod room;
 mod session;
+mod stages;
 mod watch;
 
 pub use accept::{Listener, run};

@@ -128,6 +128,22 @@ pub(super) fn pick<'s>(
     }
 }
 
+/// What a pick would find now, for a decision made before the request goes (a
+/// disaggregated request's decode pool, before stage 1): the prompt tokens predicted
+/// cached at the member it would pick, or why it would pick none. The model's
+/// round-robin turn stays where it was.
+pub(super) fn foresee<'s>(
+    ctx: &CoreCtx,
+    req: &Outbound<'s>,
+    prompt: &[u8],
+    now: u64,
+) -> Result<u64, Unpicked<'s>> {
+    let turn = ctx.rr(req.model.id);
+    let picked = pick(ctx, req, None, prompt, Excluded::default(), now);
+    ctx.set_rr(req.model.id, turn);
+    picked.map(|p| p.cached_tokens)
+}
+
 fn pick_once<'s>(
     ctx: &CoreCtx,
     req: &Outbound<'s>,

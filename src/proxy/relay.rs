@@ -80,7 +80,7 @@ pub(super) async fn relay(
         timing: Timing {
             cells,
             started: ex.req.started,
-            at_worker: ex.req.started + ex.in_room,
+            at_worker: ex.req.started + ex.before_worker,
             stream: ex.req.request_type == RequestType::Stream,
             last_data: None,
         },

@@ -15,8 +15,9 @@ use super::log::Ending;
 use super::log::log_local;
 use super::log::log_request;
 use super::log::{ClosedBy, Target, Trail};
-use super::session::Session;
+use super::session::{ClientIo, Session};
 use super::watch::Reader;
+use crate::config::PoolRole;
 use crate::config::access_log::TraceParent;
 use crate::http::budget::budget_ms;
 use crate::http::limits::{INITIAL_READ_BUF, RETAINED_BUF_MAX};
@@ -48,7 +49,9 @@ fn find_model<'s>(
     let p = peek(body).map_err(RequestError::BadBody)?;
     let name = p.model.ok_or(RequestError::MissingModel)?;
     let name = name.decoded(scratch).map_err(RequestError::BadBody)?;
-    let model = snap.model(name).ok_or(RequestError::UnknownModel)?;
+    let model = (snap.model(name))
+        .filter(|m| m.role == PoolRole::Serve)
+        .ok_or(RequestError::UnknownModel)?;
     let request_type = if p.stream {
         RequestType::Stream
     } else {
@@ -90,16 +93,18 @@ fn tenant_of(s: &Session, buf: &[u8], snap: &Snapshot) -> u64 {
     })
 }
 
-/// The upstream request's head, into the reused `to_worker` buffer, with trace context.
-fn upstream_head(s: &mut Session, buf: &[u8], body_len: usize) {
+/// The upstream request's head, into the reused `to_worker` buffer, with trace context:
+/// where its `content-length` digits are.
+fn upstream_head(s: &mut Session, buf: &[u8], body_len: usize) -> Option<Range<usize>> {
     let create = trace_context(s, buf);
     let out = &mut s.io.to_worker;
     out.clear();
     let (head, rid) = (&s.head, s.request_id.get());
-    upstream_request_head(out, buf, head, body_len, s.peer.get(), rid);
+    let length_at = upstream_request_head(out, buf, head, body_len, s.peer.get(), rid);
     if create {
         add_traceparent(s);
     }
+    length_at
 }
 
 /// Returns whether the connection stays open.
@@ -151,7 +156,8 @@ pub(super) async fn proxy(s: &mut Session, mut reader: Reader<'_>, endpoint: End
         budget_ms: budget_of(s, reader.buf(), &snap),
         tenant: tenant_of(s, reader.buf(), &snap),
     };
-    upstream_head(s, reader.buf(), req.body.len());
+    let length_at = upstream_head(s, reader.buf(), req.body.len());
+    let head_len = s.io.to_worker.len();
     let mut ex = Exchange {
         req,
         reader: reader.as_mut(),
@@ -159,7 +165,10 @@ pub(super) async fn proxy(s: &mut Session, mut reader: Reader<'_>, endpoint: End
         prompt_at: 0..0,
         request_id: s.request_id.get(),
         trail: Trail::default(),
-        in_room: std::time::Duration::ZERO,
+        before_worker: std::time::Duration::ZERO,
+        head_len,
+        length_at,
+        collect: false,
     };
     let forwarded = forward(&s.ctx, &mut ex).await;
     let Exchange { req, mut trail, .. } = ex;
@@ -167,19 +176,27 @@ pub(super) async fn proxy(s: &mut Session, mut reader: Reader<'_>, endpoint: End
         Forwarded::Done { keep_alive, .. } => keep_alive,
         Forwarded::Aborted(_) => false,
         Forwarded::Local(e) => {
+            let disaggregated = req.model.disagg.is_some();
+            s.pool = trail.pool.or(disaggregated.then_some(PoolRole::Serve));
             let (keep, written) = s.answer_counted(e, keep, true).await;
+            s.pool = None;
             trail.bytes_out += written;
             keep
         }
     };
     log_forwarded(s, &target, &req, forwarded, &trail);
-    let to_worker = &mut s.io.to_worker;
-    if to_worker.capacity() > RETAINED_BUF_MAX {
-        // One large body must not pin its buffer on an idle keep-alive connection.
-        to_worker.clear();
-        to_worker.shrink_to(4096);
-    }
+    release_large(&mut s.io);
     keep
+}
+
+/// One large body must not pin its buffers on an idle keep-alive connection.
+fn release_large(io: &mut ClientIo) {
+    for buf in [&mut io.to_worker, &mut io.kept] {
+        if buf.capacity() > RETAINED_BUF_MAX {
+            buf.clear();
+            buf.shrink_to(4096);
+        }
+    }
 }
 
 /// W3C trace context, decided before the upstream head is written: a valid client

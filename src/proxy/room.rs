@@ -191,7 +191,7 @@ pub(super) async fn bind<'s>(
     let result = wait(ctx, ex, waiter, (since, settings), stay, last).await;
     let waited = clock::since(started);
     ex.trail.queue += waited;
-    ex.in_room += waited;
+    ex.before_worker += waited;
     let cells = &ex.req.model.metrics.cores[ctx.id];
     let wait_cells = &cells.room_wait[ex.req.class.index()];
     wait_cells.observe(&ROOM_WAIT_BUCKETS, waited.as_secs_f64());

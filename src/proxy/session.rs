@@ -8,6 +8,7 @@ use std::rc::Rc;
 use super::core::{CoreCtx, SnapshotRef};
 use super::error::RequestError;
 use super::peer::PeerIp;
+use crate::config::PoolRole;
 use crate::http::HttpError;
 use crate::http::limits::{FRESH_REQUEST_ID_LEN, MAX_REQUEST_ID_LEN};
 use crate::http::request::RequestHead;
@@ -28,6 +29,9 @@ pub(super) struct Session {
     pub request_id: RequestId,
     /// The current request's class, once its model is known.
     pub class: Class,
+    /// The pool of a disaggregated model whose answer the client gets, when it is one of
+    /// Spillway's own (a refusal names it).
+    pub pool: Option<PoolRole>,
     /// Decoded escaped model names.
     pub scratch: Vec<u8>,
     /// The current request's W3C trace id (access log).
@@ -67,7 +71,7 @@ impl Session {
         out.clear();
         e.write(
             &self.snap,
-            self.class,
+            (self.class, self.pool),
             out,
             self.request_id.get(),
             keep_alive,
@@ -90,6 +94,9 @@ pub(super) struct ClientIo {
     pub to_worker: Vec<u8>,
     /// What the worker sent: its response head, then body bytes on their way through.
     pub from_worker: Vec<u8>,
+    /// The client's request (head and body) while a disaggregated request's stage
+    /// request is in `to_worker`; empty until a model with a prefill pool needs it.
+    pub kept: Vec<u8>,
     pub stalls: Rc<Stalls>,
     pub send_timeout_ms: u64,
 }

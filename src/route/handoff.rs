@@ -8,10 +8,33 @@
 //! `out` is cleared first and only grows when it is too small, so a buffer kept per
 //! connection makes the rewrites allocation-free in steady state.
 //!
-//! Not yet wired into forwarding: the pools and the stages that call these are the rest of
-//! issue 32.
+//! `proxy/stages.rs` builds the vLLM stages' requests with these; SGLang's handoff is not
+//! wired into forwarding yet.
 
 use super::peek::{JsonStr, PeekError, walk};
+
+/// How a disaggregated request's stage 2 began (`spillway_handoffs_total{outcome}`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handed {
+    /// With the prefill answer's transfer parameters: the decode worker pulls the KV cache.
+    Remote,
+    /// With the client's own request: stage 1 failed or kept nothing.
+    Fallback,
+    /// Without stage 1: the prompt was short enough (uncached) to prefill where it decodes.
+    Local,
+}
+
+impl Handed {
+    pub const ALL: [Handed; 3] = [Handed::Remote, Handed::Fallback, Handed::Local];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            Handed::Remote => "remote",
+            Handed::Fallback => "fallback",
+            Handed::Local => "local",
+        }
+    }
+}
 
 /// vLLM's stage 1 asks the prefill worker to keep the KV blocks for a remote decode
 /// (NixlConnector's request to a prefill instance, as vLLM's disaggregated proxies send it).

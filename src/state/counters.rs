@@ -8,6 +8,7 @@ use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use crossbeam_utils::CachePadded;
 
 use crate::route::Endpoint;
+use crate::route::handoff::Handed;
 use crate::shed::{Class, Knob};
 
 const KNOBS: usize = Knob::ALL.len();
@@ -311,6 +312,10 @@ pub struct ModelCore {
     pub room_wait: [Histogram<13>; CLASSES],
     /// Waiters refused at once, their turn predicted past their wait's end.
     room_predicted: AtomicU64,
+    /// A disaggregated model's stage 2 begun, by how (`Handed`); from stage 1's end to
+    /// the first token of a `remote` one.
+    handoffs: [AtomicU64; Handed::ALL.len()],
+    pub handoff_ttft: Histogram<18>,
 }
 
 impl Default for ModelCore {
@@ -337,6 +342,8 @@ impl Default for ModelCore {
             classes: std::array::from_fn(|_| AtomicU64::new(0)),
             room_wait: std::array::from_fn(|_| Histogram::default()),
             room_predicted: AtomicU64::new(0),
+            handoffs: std::array::from_fn(|_| AtomicU64::new(0)),
+            handoff_ttft: Histogram::default(),
         }
     }
 }
@@ -365,6 +372,11 @@ impl ModelCore {
     #[inline]
     pub fn retried(&self, reason: RetryReason) {
         add(&self.retries[reason as usize], 1);
+    }
+
+    #[inline]
+    pub fn handed(&self, how: Handed) {
+        add(&self.handoffs[how as usize], 1);
     }
 
     #[inline]
@@ -441,6 +453,10 @@ impl ModelMetrics {
 
     pub fn retries(&self, reason: RetryReason) -> u64 {
         self.total(|c| &c.retries[reason as usize])
+    }
+
+    pub fn handoffs(&self, how: Handed) -> u64 {
+        self.total(|c| &c.handoffs[how as usize])
     }
 
     pub fn retries_refused(&self) -> u64 {

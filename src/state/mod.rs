@@ -21,7 +21,9 @@ use crate::tls::Material;
 pub use busy::{BusySet, MemberEntry};
 pub use counters::CoreCounters;
 pub use registry::Registry;
-pub use snapshot::{KvRouting, Member, Model, ModelRoom, Responses, Snapshot, Worker};
+pub use snapshot::{
+    Disaggregated, KvRouting, Member, Model, ModelRoom, Responses, Snapshot, Worker,
+};
 pub use stats::Stats;
 pub use worker::KvLoad;
 pub use worker::{SlotMap, SlotSet, TrackedLoad, WorkerState};

@@ -8,7 +8,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::counters::ModelMetrics;
-use super::snapshot::{KvRouting, Member, Model, ModelRoom, Responses, Snapshot, Worker};
+use super::snapshot::{
+    Disaggregated, KvRouting, Member, Model, ModelRoom, Responses, Snapshot, Worker,
+};
 use super::worker::WorkerState;
 use crate::admission::{Gate, InFlight, Room, class_slots};
 use crate::config::{Addrs, Classes, Config, ModelConfig, WorkerConfig};
@@ -211,6 +213,15 @@ impl Registry {
             stall_check_ms: (m.health_check.as_ref()).map(|c| (c.interval_ms, c.timeout_ms)),
             room: self.room(m, config.tenant_room_share),
             tenants: self.tenants(m, config),
+            role: m.role,
+            disagg: m.disagg.as_ref().and_then(|d| {
+                let prefill = config.models.iter().position(|p| p.name == d.prefill)?;
+                Some(Disaggregated {
+                    prefill: prefill as u32,
+                    handoff: d.handoff,
+                    max_local_prefill_tokens: d.max_local_prefill_tokens,
+                })
+            }),
         }
     }
 

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use super::counters::ModelMetrics;
 use super::worker::WorkerState;
 use crate::admission::{Gate, InFlight, Room};
-use crate::config::{Config, WaitingRoom, WorkerConfig};
+use crate::config::{Config, Handoff, PoolRole, WaitingRoom, WorkerConfig};
 use crate::http::canned::{Canned, messages};
 use crate::route::cache::PredictedCache;
 use crate::route::{KvSettings, RouterMode};
@@ -47,6 +47,12 @@ impl Snapshot {
     pub fn model(&self, name: &[u8]) -> Option<&Model> {
         self.model_index.get(name).map(|&i| &self.models[i])
     }
+
+    /// A disaggregated model's prefill pool.
+    #[inline]
+    pub fn prefill_pool(&self, d: &Disaggregated) -> Option<&Model> {
+        self.models.get(d.prefill as usize)
+    }
 }
 
 #[derive(Debug)]
@@ -71,6 +77,19 @@ pub struct Model {
     /// Its requests in flight per tenant, when the busy rule spares light tenants
     /// (docs/behaviour.md §8.13).
     pub tenants: Option<Arc<InFlight>>,
+    /// A prefill pool (clients cannot name it), or a model clients name.
+    pub role: PoolRole,
+    /// Its prefill side, when its requests are disaggregated (docs/behaviour.md §23).
+    pub disagg: Option<Disaggregated>,
+}
+
+/// A disaggregated model's prefill side, resolved for this generation.
+#[derive(Debug, Clone, Copy)]
+pub struct Disaggregated {
+    /// The prefill pool: its index in [`Snapshot::models`].
+    pub prefill: u32,
+    pub handoff: Handoff,
+    pub max_local_prefill_tokens: u64,
 }
 
 /// A model's waiting room, shared by every core and kept across reloads that keep its
@@ -128,6 +147,7 @@ impl Responses {
         let data: Vec<_> = config
             .models
             .iter()
+            .filter(|m| m.role == PoolRole::Serve)
             .map(|m| serde_json::json!({"id": m.name, "object": "model", "created": created, "owned_by": "spillway"}))
             .collect();
         let models = serde_json::json!({"object": "list", "data": data}).to_string();

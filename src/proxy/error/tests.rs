@@ -56,7 +56,7 @@ fn render(e: RequestError) -> String {
 
 fn render_as(e: RequestError, class: Class) -> String {
     let mut out = Vec::new();
-    e.write(&snapshot(), class, &mut out, b"r", true, true);
+    e.write(&snapshot(), (class, None), &mut out, b"r", true, true);
     String::from_utf8(out).unwrap()
 }
 

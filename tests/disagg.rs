@@ -1,0 +1,343 @@
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+#![allow(clippy::disallowed_methods)] // tests time what they observe
+//! Disaggregated serving (docs/behaviour.md §23): a model with a prefill pool, in front of
+//! mock engines in the prefill and decode roles (vLLM's handoff, checked at the engines) and
+//! misbehaving raw-socket workers: both stages' exact fields, the conditional skip, a
+//! prefill refusal migrating within its pool, a decode refusal retried with the same
+//! transfer parameters, busy pools answered and named, a failing prefill pool falling back,
+//! and a client leaving during each stage.
+
+use spillway_testkit::*;
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use spillway_mock::{MockConfig, MockHandle, Role, start};
+
+fn engine(role: Role) -> MockHandle {
+    start(MockConfig {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        model: "m".into(),
+        decode_step_base_ms: 1.0,
+        decode_step_per_seq_ms: 0.0,
+        role,
+        ..MockConfig::default()
+    })
+    .expect("mock engine starts")
+}
+
+fn url(e: &MockHandle) -> String {
+    format!("http://{}", e.addr)
+}
+
+/// Model `m` decoding on `decode` with its prefill pool `m-prefill` on `prefill`;
+/// `extra_m` and `extra_p` go to each entry.
+fn disaggregated(decode: &[String], prefill: &[String], extra_m: &str, extra_p: &str) -> String {
+    let front = format!("prefill = \"m-prefill\"\n{extra_m}");
+    let pool = format!("role = \"prefill\"\n{extra_p}");
+    format!(
+        "{}{}",
+        model("m", &front, decode),
+        model("m-prefill", &pool, prefill)
+    )
+}
+
+/// A streamed chat request with `bytes` bytes of prompt (about `bytes / 4` tokens).
+fn original(bytes: usize) -> Value {
+    json!({
+        "model": "m",
+        "messages": [{"role": "user", "content": "0123456789".repeat(bytes / 10)}],
+        "max_tokens": 4,
+        "stream": true,
+        "stream_options": {"include_usage": true},
+    })
+}
+
+fn send(p: &ServerHandle, body: &Value) -> Response {
+    once(
+        p.data_addr,
+        &post("/v1/chat/completions", &body.to_string()),
+    )
+}
+
+fn last_request(e: &MockHandle) -> Value {
+    let r = once(e.addr, &get("/last_request"));
+    serde_json::from_slice(&r.body).unwrap_or(Value::Null)
+}
+
+fn handoffs(p: &ServerHandle, outcome: &str) -> f64 {
+    let series = format!("spillway_handoffs_total{{model=\"m\",outcome=\"{outcome}\"}}");
+    scrape(p.admin_addr, &series).unwrap_or(0.0)
+}
+
+fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !done() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_request_runs_vllms_two_stages_with_their_exact_fields() {
+    let (pe, de) = (engine(Role::Prefill), engine(Role::Decode));
+    let p = proxy(2, &disaggregated(&[url(&de)], &[url(&pe)], "", ""));
+    let request = original(4_000);
+    let r = send(&p, &request);
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-mock-prefill"), Some("remote"), "a real handoff");
+    let text = r.text();
+    assert!(text.contains("data: [DONE]"), "{text}");
+    assert_eq!(text.matches("\"delta\":{\"content\"").count(), 4, "{text}");
+
+    // Stage 1, as the prefill engine received it.
+    let mut first = request.clone();
+    let o = first.as_object_mut().unwrap();
+    o.insert("stream".into(), json!(false));
+    o.insert("max_tokens".into(), json!(1));
+    o.remove("stream_options");
+    o.insert(
+        "kv_transfer_params".into(),
+        json!({"do_remote_decode": true, "do_remote_prefill": false, "remote_engine_id": null,
+               "remote_block_ids": null, "remote_host": null, "remote_port": null}),
+    );
+    assert_eq!(last_request(&pe), first);
+    // Stage 2: the client's request with the prefill answer's parameters.
+    let mut second = last_request(&de);
+    let params = second.as_object_mut().unwrap().remove("kv_transfer_params");
+    assert_eq!(second, request);
+    let params = params.expect("stage 2 carries kv_transfer_params");
+    assert_eq!(params["do_remote_prefill"], true);
+    assert_eq!(params["remote_port"], pe.addr.port());
+    assert_eq!(handoffs(&p, "remote"), 1.0);
+    assert_eq!(handoffs(&p, "fallback"), 0.0);
+    // Each pool counts its own requests.
+    let m = metrics(p.admin_addr);
+    let requests = |model: &str, kind: &str| {
+        let series = format!(
+            "dynamo_frontend_requests_total{{model=\"{model}\",endpoint=\"chat_completions\",request_type=\"{kind}\",status=\"success\",error_type=\"\"}}"
+        );
+        metric_value(&m, &series)
+    };
+    assert_eq!(requests("m-prefill", "unary"), Some(1.0), "{m}");
+    assert_eq!(requests("m", "stream"), Some(1.0), "{m}");
+    let after_prefill = "spillway_handoff_first_token_seconds_count{model=\"m\"}";
+    assert_eq!(metric_value(&m, after_prefill), Some(1.0), "{m}");
+    let ttft = "dynamo_frontend_time_to_first_token_seconds_count{model=\"m-prefill\"}";
+    assert_eq!(
+        metric_value(&m, ttft),
+        Some(1.0),
+        "the prefill stage's latency: {m}"
+    );
+    if let Some(problems) = promtool_problems(&m) {
+        assert!(problems.is_empty(), "promtool: {problems:?}");
+    }
+    // Dynamo's per-worker series say which pool a worker is in.
+    let (pw, dw) = (worker_name(&url(&pe)), worker_name(&url(&de)));
+    for load in [
+        format!(r#"{{"worker_id":"{pw}","active_prefill_tokens":5}}"#),
+        format!(r#"{{"worker_id":"{dw}","active_decode_blocks":3}}"#),
+    ] {
+        assert_eq!(admin_post(p.admin_addr, "/load", &load).status, 200);
+    }
+    let m = metrics(p.admin_addr);
+    let series = |family: &str, worker: &str, kind: &str| {
+        let s = format!("{family}{{worker_id=\"{worker}\",dp_rank=\"0\",worker_type=\"{kind}\"}}");
+        metric_value(&m, &s)
+    };
+    let prefill_tokens = "dynamo_frontend_worker_active_prefill_tokens";
+    assert_eq!(series(prefill_tokens, &pw, "prefill"), Some(5.0), "{m}");
+    let decode_blocks = "dynamo_frontend_worker_active_decode_blocks";
+    assert_eq!(series(decode_blocks, &dw, "decode"), Some(3.0), "{m}");
+    // Clients cannot name the prefill pool, and the model list leaves it out.
+    let mut to_pool = request.clone();
+    to_pool["model"] = json!("m-prefill");
+    assert_eq!(send(&p, &to_pool).status, 404);
+    let list = once(p.data_addr, &get("/v1/models")).json();
+    assert_eq!(list["data"].as_array().unwrap().len(), 1, "{list}");
+}
+
+#[test]
+fn a_short_uncached_prompt_skips_stage_one() {
+    let (pe, de) = (engine(Role::Prefill), engine(Role::Decode));
+    let extra = "max_local_prefill_tokens = 1000";
+    let p = proxy(1, &disaggregated(&[url(&de)], &[url(&pe)], extra, ""));
+    // 400 bytes: about 100 tokens, prefilled where it decodes.
+    let r = send(&p, &original(400));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-mock-prefill"), Some("local"));
+    assert_eq!(
+        last_request(&pe),
+        Value::Null,
+        "the prefill pool never saw it"
+    );
+    assert_eq!(last_request(&de), original(400));
+    assert_eq!(handoffs(&p, "local"), 1.0);
+    // 8,000 bytes: about 2,000 tokens, prefilled remotely.
+    let r = send(&p, &original(8_000));
+    assert_eq!(r.header("x-mock-prefill"), Some("remote"));
+    assert_eq!(handoffs(&p, "remote"), 1.0);
+}
+
+#[test]
+fn a_prefill_refusal_migrates_within_the_prefill_pool() {
+    let pe = engine(Role::Prefill);
+    let de = engine(Role::Decode);
+    let refusing = upstream(|_| Reply::Raw(json_response(529, r#"{"error":"busy"}"#)));
+    let prefill = [refusing.url(), url(&pe)];
+    let p = proxy(1, &disaggregated(&[url(&de)], &prefill, "", ""));
+    for _ in 0..4 {
+        let r = send(&p, &original(4_000));
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-mock-prefill"), Some("remote"));
+    }
+    assert!(
+        refusing.count() >= 1,
+        "round robin tried the refusing worker"
+    );
+    assert_eq!(handoffs(&p, "remote"), 4.0);
+    let migrated = scrape(
+        p.admin_addr,
+        "spillway_migrations_total{model=\"m-prefill\",reason=\"upstream_overloaded\"}",
+    );
+    assert!(migrated.unwrap_or(0.0) >= 1.0, "{}", metrics(p.admin_addr));
+}
+
+#[test]
+fn a_decode_refusal_after_prefill_retries_stage_two_with_the_same_parameters() {
+    let (pe, de) = (engine(Role::Prefill), engine(Role::Decode));
+    let refusing = upstream(|_| Reply::Raw(json_response(529, r#"{"error":"busy"}"#)));
+    let decode = [refusing.url(), url(&de)];
+    let p = proxy(1, &disaggregated(&decode, &[url(&pe)], "", ""));
+    for _ in 0..4 {
+        let r = send(&p, &original(4_000));
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-mock-prefill"), Some("remote"));
+    }
+    let refused = refusing.seen();
+    assert!(!refused.is_empty(), "round robin tried the refusing worker");
+    // The refused stage 2 carried the parameters the decode engine then used; stage 1 ran
+    // once per request.
+    let sent: Value = serde_json::from_slice(&refused[0].body).unwrap();
+    assert_eq!(sent["kv_transfer_params"]["do_remote_prefill"], true);
+    assert_eq!(
+        sent["kv_transfer_params"],
+        last_request(&de)["kv_transfer_params"]
+    );
+    let prefills = metric_value(
+        &once(pe.addr, &get("/metrics")).text(),
+        r#"mock_remote_prefills_total{protocol="vllm"}"#,
+    );
+    assert_eq!(prefills, Some(4.0));
+}
+
+#[test]
+fn a_busy_pool_answers_at_once_and_names_itself() {
+    let (pe, de) = (engine(Role::Prefill), engine(Role::Decode));
+    let (dw, pw) = (worker_name(&url(&de)), worker_name(&url(&pe)));
+    let toml = format!(
+        "[[models]]\nname = \"m\"\nprefill = \"m-prefill\"\nactive_decode_blocks_threshold = 0.5\n\
+         [[models.workers]]\nurl = \"{}\"\nname = \"{dw}\"\nkv_total_blocks = 100\n\
+         [[models]]\nname = \"m-prefill\"\nrole = \"prefill\"\nactive_prefill_tokens_threshold = 1000\n\
+         [[models.workers]]\nurl = \"{}\"\nname = \"{pw}\"\n",
+        url(&de),
+        url(&pe)
+    );
+    let p = proxy(1, &toml);
+    let push = |body: String| {
+        let r = admin_post(p.admin_addr, "/load", &body);
+        assert_eq!(r.status, 200, "{}", r.text());
+    };
+    push(format!(
+        r#"{{"worker_id":"{pw}","active_prefill_tokens":1001}}"#
+    ));
+    let r = send(&p, &original(4_000));
+    assert_eq!(r.status, 529, "{}", r.text());
+    let body = r.json();
+    assert_eq!(body["pool"], "prefill", "{body}");
+    assert_eq!(body["setting"], "active_prefill_tokens_threshold", "{body}");
+    assert_eq!(
+        last_request(&de),
+        Value::Null,
+        "nothing reached a decode worker"
+    );
+
+    push(format!(
+        r#"{{"worker_id":"{pw}","active_prefill_tokens":0}}"#
+    ));
+    push(format!(
+        r#"{{"worker_id":"{dw}","active_decode_blocks":90}}"#
+    ));
+    let r = send(&p, &original(4_000));
+    assert_eq!(r.status, 529, "{}", r.text());
+    let body = r.json();
+    assert_eq!(body["pool"], "decode", "{body}");
+    assert_eq!(body["setting"], "active_decode_blocks_threshold", "{body}");
+    assert_eq!(
+        last_request(&pe),
+        Value::Null,
+        "no prefill for a busy decode pool"
+    );
+}
+
+#[test]
+fn a_failing_prefill_pool_falls_back_to_local_prefill() {
+    let de = engine(Role::Decode);
+    let failing = upstream(|_| Reply::Raw(json_response(500, r#"{"error":"boom"}"#)));
+    let p = proxy(1, &disaggregated(&[url(&de)], &[failing.url()], "", ""));
+    let r = send(&p, &original(4_000));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-mock-prefill"), Some("local"));
+    assert_eq!(
+        last_request(&de),
+        original(4_000),
+        "the client's own request"
+    );
+    assert_eq!(failing.count(), 1);
+    assert_eq!(handoffs(&p, "fallback"), 1.0);
+    // A prefill answer without transfer parameters falls back too.
+    let no_params = upstream(|_| Reply::Raw(json_response(200, r#"{"choices":[]}"#)));
+    let p = proxy(1, &disaggregated(&[url(&de)], &[no_params.url()], "", ""));
+    let r = send(&p, &original(400));
+    assert_eq!(r.header("x-mock-prefill"), Some("local"));
+    assert_eq!(handoffs(&p, "fallback"), 1.0);
+}
+
+/// The client leaves while `stage` (the hanging worker) has its request: the worker sees
+/// its connection closed, and nothing else is sent.
+fn client_leaves_during(stage: &str) {
+    let hanging = scripted(|_, _| Script::new().hang());
+    let (pe, de) = (engine(Role::Prefill), engine(Role::Decode));
+    let toml = match stage {
+        "prefill" => disaggregated(&[url(&de)], &[hanging.url()], "", ""),
+        _ => disaggregated(&[hanging.url()], &[url(&pe)], "", ""),
+    };
+    let p = proxy(1, &toml);
+    let mut c = Client::connect(p.data_addr);
+    c.send(&post("/v1/chat/completions", &original(4_000).to_string()));
+    wait_for("the request at the hanging worker", || hanging.count() == 1);
+    drop(c);
+    wait_for("the hanging worker's connection closed", || {
+        hanging.closed_by_peer().len() == 1
+    });
+    if stage == "prefill" {
+        assert_eq!(
+            last_request(&de),
+            Value::Null,
+            "no stage 2 after the client left"
+        );
+    }
+    wait_for("the request counted as cancelled", || {
+        let series = "dynamo_frontend_requests_total{model=\"m\",endpoint=\"chat_completions\",request_type=\"stream\",status=\"error\",error_type=\"cancelled\"}";
+        scrape(p.admin_addr, series) == Some(1.0)
+    });
+}
+
+#[test]
+fn a_client_leaving_during_stage_one_cancels_it() {
+    client_leaves_during("prefill");
+}
+
+#[test]
+fn a_client_leaving_during_stage_two_cancels_it() {
+    client_leaves_during("decode");
+}
