@@ -364,6 +364,13 @@ fn access_log_allocates_nothing() {
 const PREFILL_RESPONSE: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 191\r\n\r\n\
 {\"choices\":[{\"text\":\"h\"}],\"kv_transfer_params\":{\"do_remote_prefill\":true,\"do_remote_decode\":false,\"remote_block_ids\":[1,2,3],\"remote_engine_id\":\"e\",\"remote_host\":\"127.0.0.1\",\"remote_port\":1}}";
 
+/// Model `m` on `decode`, with `extra` keys and its prefill pool on `prefill`.
+fn with_prefill_pool(decode: &[String], prefill: &str, extra: &str) -> String {
+    let front = model("m", &format!("prefill = \"m-prefill\"\n{extra}"), decode);
+    let pool = model("m-prefill", "role = \"prefill\"", &[prefill.to_string()]);
+    format!("{front}{pool}")
+}
+
 /// A disaggregated model (docs/behaviour.md §23): every request runs stage 1 on the prefill
 /// pool (its body rewritten, its answer collected, the parameters spliced into stage 2),
 /// then stage 2 on the decode pool, in the connection's reused buffers.
@@ -390,15 +397,7 @@ fn disaggregated_path_allocates_nothing() {
         decode,
         read_message,
         1,
-        |urls| {
-            let front = model("m", "prefill = \"m-prefill\"", urls);
-            let pool = model(
-                "m-prefill",
-                "role = \"prefill\"",
-                std::slice::from_ref(&prefill),
-            );
-            format!("{front}{pool}")
-        },
+        |urls| with_prefill_pool(urls, &prefill, ""),
         &[REQUEST.to_vec()],
     );
     assert_eq!(
@@ -413,6 +412,34 @@ fn disaggregated_path_allocates_nothing() {
         (stage_1, stage_2),
         (5_500, 5_500),
         "both stages, every request"
+    );
+}
+
+/// SGLang's handoff (docs/behaviour.md §23.6): every request goes to a prefill worker
+/// (its answer drained alongside) and a decode worker at once, with bootstrap fields
+/// spliced in.
+fn sglang_handoff_allocates_nothing() {
+    static SENT: AtomicUsize = AtomicUsize::new(0);
+    let prefill = fake_worker(|s, request| {
+        let bootstrap = br#","bootstrap_room":"#;
+        if request.windows(bootstrap.len()).any(|w| w == bootstrap) {
+            SENT.fetch_add(1, Ordering::Relaxed);
+        }
+        s.write_all(RESPONSE)
+    });
+    let (n, whose) = allocations_per_steady_run(
+        1,
+        |urls| with_prefill_pool(urls, &prefill, "handoff = \"sglang\""),
+        &[REQUEST.to_vec()],
+    );
+    assert_eq!(
+        n, 0,
+        "{n} heap allocations over 5,000 requests with SGLang's handoff: {whose}"
+    );
+    assert_eq!(
+        SENT.load(Ordering::Relaxed),
+        5_500,
+        "every request's prefill side"
     );
 }
 
@@ -483,7 +510,11 @@ fn waiting_room_allocates_nothing() {
 }
 
 fn main() {
-    let checks: [(&str, fn()); 7] = [
+    let checks: [(&str, fn()); 8] = [
+        (
+            "sglang_handoff_allocates_nothing",
+            sglang_handoff_allocates_nothing,
+        ),
         (
             "disaggregated_path_allocates_nothing",
             disaggregated_path_allocates_nothing,

@@ -5,7 +5,8 @@
 //! misbehaving raw-socket workers: both stages' exact fields, the conditional skip, a
 //! prefill refusal migrating within its pool, a decode refusal retried with the same
 //! transfer parameters, busy pools answered and named, a failing prefill pool falling back,
-//! and a client leaving during each stage.
+//! a client leaving during each stage, and SGLang's fan-out (one request to a prefill and a
+//! decode worker at once, a hung prefill side closed once the answer is whole).
 
 use spillway_testkit::*;
 use std::time::{Duration, Instant};
@@ -340,4 +341,96 @@ fn a_client_leaving_during_stage_one_cancels_it() {
 #[test]
 fn a_client_leaving_during_stage_two_cancels_it() {
     client_leaves_during("decode");
+}
+
+/// A worker's SGLang request without its bootstrap fields, and those fields.
+fn bootstrap_of(mut sent: Value) -> (Value, Value) {
+    let o = sent.as_object_mut().unwrap();
+    let fields = json!({
+        "host": o.remove("bootstrap_host"),
+        "port": o.remove("bootstrap_port"),
+        "room": o.remove("bootstrap_room"),
+    });
+    (sent, fields)
+}
+
+#[test]
+fn sglang_sends_one_request_to_a_prefill_and_a_decode_worker_at_once() {
+    let (pe, de) = (engine(Role::Prefill), engine(Role::Decode));
+    let sglang = "handoff = \"sglang\"";
+    let p = proxy(1, &disaggregated(&[url(&de)], &[url(&pe)], sglang, ""));
+    let request = original(4_000);
+    let mut rooms = Vec::new();
+    for n in 1..=2 {
+        let r = send(&p, &request);
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(r.header("x-mock-prefill"), Some("remote"), "a real handoff");
+        let text = r.text();
+        assert_eq!(text.matches("\"delta\":{\"content\"").count(), 4, "{text}");
+        let (to_prefill, to_decode) = (last_request(&pe), last_request(&de));
+        assert_eq!(to_prefill, to_decode, "one request, to both");
+        let (own, fields) = bootstrap_of(to_decode);
+        assert_eq!(
+            own, request,
+            "the client's request, its bootstrap fields added"
+        );
+        assert_eq!(fields["host"], "127.0.0.1");
+        assert_eq!(
+            fields["port"], 8998,
+            "the prefill worker's default bootstrap port"
+        );
+        let room = fields["room"].as_u64().expect("a room below 2^63");
+        assert!(room < 1 << 63);
+        rooms.push(room);
+        wait_for("the prefill side counted", || {
+            let series = "mock_remote_prefills_total{protocol=\"sglang\"}";
+            let m = once(pe.addr, &get("/metrics")).text();
+            metric_value(&m, series) == Some(f64::from(n))
+        });
+    }
+    assert_ne!(rooms[0], rooms[1], "a fresh room per request");
+    assert_eq!(handoffs(&p, "remote"), 2.0);
+    let series = "dynamo_frontend_requests_total{model=\"m-prefill\",endpoint=\"chat_completions\",request_type=\"unary\",status=\"success\",error_type=\"\"}";
+    wait_for("the prefill pool's requests counted", || {
+        scrape(p.admin_addr, series) == Some(2.0)
+    });
+}
+
+#[test]
+fn sglangs_hung_prefill_side_is_closed_once_the_answer_is_whole() {
+    let hanging = scripted(|_, _| Script::new().hang());
+    let de = engine(Role::Decode);
+    let sglang = "handoff = \"sglang\"";
+    let p = proxy(1, &disaggregated(&[url(&de)], &[hanging.url()], sglang, ""));
+    let r = send(&p, &original(4_000));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-mock-prefill"), Some("remote"));
+    wait_for("the hung prefill side closed", || {
+        hanging.closed_by_peer().len() == 1
+    });
+}
+
+#[test]
+fn sglangs_sides_both_close_when_the_client_leaves() {
+    let hang_p = scripted(|_, _| Script::new().hang());
+    let hang_d = scripted(|_, _| Script::new().hang());
+    let sglang = "handoff = \"sglang\"";
+    let p = proxy(
+        1,
+        &disaggregated(&[hang_d.url()], &[hang_p.url()], sglang, ""),
+    );
+    let mut c = Client::connect(p.data_addr);
+    c.send(&post("/v1/chat/completions", &original(4_000).to_string()));
+    wait_for("both sides sent", || {
+        hang_p.count() == 1 && hang_d.count() == 1
+    });
+    assert_eq!(
+        hang_p.seen()[0].body,
+        hang_d.seen()[0].body,
+        "one request, to both"
+    );
+    drop(c);
+    wait_for("both connections closed", || {
+        hang_p.closed_by_peer().len() == 1 && hang_d.closed_by_peer().len() == 1
+    });
 }

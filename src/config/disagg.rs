@@ -41,7 +41,13 @@ pub enum Handoff {
     /// vLLM's KV connectors (NixlConnector): stage 1 on a prefill worker returns
     /// `kv_transfer_params`, which stage 2 sends to a decode worker.
     Vllm,
+    /// SGLang's bootstrap: a prefill and a decode worker get the request at once, with the
+    /// prefill worker's bootstrap address and a fresh room.
+    Sglang,
 }
+
+/// SGLang's default `--disaggregation-bootstrap-port`.
+pub const DEFAULT_BOOTSTRAP_PORT: u16 = 8998;
 
 /// A disaggregated model's prefill side.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -109,12 +115,9 @@ impl Validator<'_> {
     fn handoff(&self, key: Key<'_>, h: &Option<Spanned<String>>) -> Result<Handoff, ConfigError> {
         match h.as_ref().map(|h| (h.get_ref().as_str(), h.span())) {
             None | Some(("vllm", _)) => Ok(Handoff::Vllm),
-            Some(("sglang", span)) => {
-                let msg = "SGLang's bootstrap handoff is not implemented yet (only `vllm`)";
-                self.err(key("handoff"), Some(span), msg)
-            }
+            Some(("sglang", _)) => Ok(Handoff::Sglang),
             Some((other, span)) => {
-                let msg = format!("unknown handoff `{other}` (expected vllm)");
+                let msg = format!("unknown handoff `{other}` (expected vllm or sglang)");
                 self.err(key("handoff"), Some(span), msg)
             }
         }
@@ -131,12 +134,17 @@ impl Validator<'_> {
             let key = |k: &str| format!("models[{mi}].{k}");
             if let (Some(d), Some(span)) = (&m.disagg, fm.prefill.as_ref().map(|p| p.span())) {
                 let pool = models.iter().find(|p| p.name == d.prefill);
-                if !pool.is_some_and(|p| p.role == PoolRole::Prefill) {
+                let Some(pool) = pool.filter(|p| p.role == PoolRole::Prefill) else {
                     let msg = format!(
                         "`{}` is no prefill pool (a model entry with role = \"prefill\")",
                         d.prefill
                     );
                     return self.err(key("prefill"), Some(span), msg);
+                };
+                if d.handoff == Handoff::Sglang && pool.waiting_room.is_some() {
+                    let msg = "SGLang's prefill side is sent at once with the decode side: its prefill pool has no waiting room";
+                    let span = fm.handoff.as_ref().map(|h| h.span());
+                    return self.err(key("handoff"), span, msg);
                 }
             }
             if m.role != PoolRole::Prefill {

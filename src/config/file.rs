@@ -221,6 +221,8 @@ pub struct FileWorker {
     pub engine_request_limit: Option<Spanned<u32>>,
     pub request_queue_limit: Option<Spanned<u32>>,
     pub request_queue_timeout_ms: Option<Spanned<u64>>,
+    /// An SGLang prefill worker's bootstrap port.
+    pub bootstrap_port: Option<Spanned<u16>>,
 }
 
 /// `[access_log]` as written.

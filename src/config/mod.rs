@@ -24,7 +24,7 @@ use crate::route::{KvSettings, RouterMode};
 use crate::shed::{Adaptive, Class, Thresholds};
 pub use addr::{Addrs, HostPort, WorkerAddrs, parse_http_url, parse_worker_url};
 pub use classes::{ClassSettings, Classes, DEFAULT_CLASS_HEADER};
-pub use disagg::{Disagg, Handoff, PoolRole};
+pub use disagg::{DEFAULT_BOOTSTRAP_PORT, Disagg, Handoff, PoolRole};
 pub use discovery::{
     Capacity, DEFAULT_DNS_INTERVAL_MS, Discovery, DiscoverySource, Found, NatsConfig,
 };
@@ -253,6 +253,8 @@ pub struct WorkerConfig {
     /// Waiting places (Q) when N is set.
     pub request_queue_limit: u32,
     pub request_queue_timeout_ms: u64,
+    /// Its SGLang bootstrap port, as a prefill worker (docs/behaviour.md §23.6).
+    pub bootstrap_port: u16,
 }
 
 impl Config {

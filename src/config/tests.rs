@@ -74,6 +74,31 @@ fn pools(front: &str, pool: &str) -> String {
 }
 
 #[test]
+fn sglangs_handoff_reads_each_prefill_workers_bootstrap_port() {
+    let sglang = pools(
+        "prefill = \"p\"\nhandoff = \"sglang\"",
+        "role = \"prefill\"",
+    )
+    .replace(
+        "url = \"http://127.0.0.1:2\"",
+        "url = \"http://127.0.0.1:2\"\nbootstrap_port = 9000",
+    );
+    let c = parse(&sglang).unwrap();
+    assert_eq!(
+        c.models[0].disagg.as_ref().unwrap().handoff,
+        Handoff::Sglang
+    );
+    let ports: Vec<u16> = c.workers.iter().map(|w| w.bootstrap_port).collect();
+    assert_eq!(ports, [DEFAULT_BOOTSTRAP_PORT, 9000]);
+    let zero = sglang.replace("bootstrap_port = 9000", "bootstrap_port = 0");
+    let e = parse(&zero).unwrap_err().to_string();
+    assert!(
+        e.contains("models[1].workers[0].bootstrap_port (line 12): must be greater than 0"),
+        "{e}"
+    );
+}
+
+#[test]
 fn disaggregated_pools_are_checked() {
     let c = parse(&pools(
         "prefill = \"p\"\nmax_local_prefill_tokens = 512",
@@ -130,13 +155,13 @@ fn disaggregated_pools_are_checked() {
         (
             pools(
                 "prefill = \"p\"\nhandoff = \"sglang\"",
-                "role = \"prefill\"",
+                "role = \"prefill\"\nwaiting_room_size = 4",
             ),
-            "models[0].handoff (line 4): SGLang's bootstrap handoff is not implemented yet",
+            "models[0].handoff (line 4): SGLang's prefill side is sent at once with the decode side: its prefill pool has no waiting room",
         ),
         (
             pools("prefill = \"p\"\nhandoff = \"nixl\"", "role = \"prefill\""),
-            "models[0].handoff (line 4): unknown handoff `nixl` (expected vllm)",
+            "models[0].handoff (line 4): unknown handoff `nixl` (expected vllm or sglang)",
         ),
     ];
     for (toml, want) in cases {

@@ -342,6 +342,11 @@ impl Validator<'_> {
                 &w.request_queue_timeout_ms,
                 DEFAULT_REQUEST_QUEUE_TIMEOUT_MS,
             )?,
+            bootstrap_port: self.positive(
+                &key("bootstrap_port"),
+                &w.bootstrap_port,
+                DEFAULT_BOOTSTRAP_PORT,
+            )?,
         })
     }
 

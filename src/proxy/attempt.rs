@@ -16,8 +16,8 @@ use super::response::{HungWatch, failed, read_response_head, refusal};
 use crate::http::response::ResponseHead;
 use crate::http::write::ClientFraming;
 use crate::runtime::clock;
-use crate::state::Worker;
 use crate::state::counters::{Stage, add};
+use crate::state::{Model, Snapshot, Worker};
 
 /// A response relayed whole.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,4 +114,50 @@ async fn gate<'w>(
     let slot = admit(worker, ex.req.class, cap_ms, budget, &mut ex.reader).await;
     ex.trail.queue += clock::since(waited);
     slot
+}
+
+/// Counts an attempt's outcome for its worker's health: a 5xx that is no refusal and
+/// the worker's failures count against it, successes for it; refusals and the client's
+/// doing count for nothing.
+pub(super) fn count_outcome(
+    ctx: &CoreCtx,
+    (snap, model): (&Snapshot, &Model),
+    worker: &Worker,
+    result: &Result<Done, AttemptError>,
+) {
+    let overload = snap.config.overload_status_code;
+    let failure = match result {
+        Ok(done) => failed(done.status, overload).then_some(false),
+        Err(e) => e.failure(),
+    };
+    let in_a_row = worker.state.outcome(ctx.id, failure);
+    if failure.is_some() {
+        ctx.note_failure(worker.state.slot as usize, clock::now_ms());
+        let outlier = &snap.config.outlier;
+        if outlier.enabled && in_a_row >= outlier.consecutive_failures.max(1) {
+            out_at_once(ctx, snap, model, worker);
+        }
+    }
+}
+
+/// Failures in a row reached the threshold: out of rotation at once, without waiting for
+/// the monitor's pass (which ejects it, or says no and puts it back), unless that would
+/// leave `model` fewer than its healthy share by what this core sees.
+#[cold]
+#[inline(never)]
+fn out_at_once(ctx: &CoreCtx, snap: &Snapshot, model: &Model, worker: &Worker) {
+    if worker.state.is_provisional() {
+        return;
+    }
+    let busy = &mut ctx.busy.borrow_mut();
+    let busy = busy.load();
+    let out = (model.members.iter())
+        .map(|m| &snap.workers[m.worker as usize].state)
+        .filter(|w| w.is_provisional() || busy.is_unhealthy(w.slot))
+        .count();
+    let allowed =
+        crate::health::max_ejected(model.members.len(), snap.config.outlier.min_healthy_percent);
+    if out < allowed && !busy.is_unhealthy(worker.state.slot) {
+        worker.state.set_provisional();
+    }
 }

@@ -12,17 +12,17 @@
 
 use std::time::Duration;
 
-use super::attempt::{Done, attempt};
+use super::attempt::{Done, attempt, count_outcome};
+use super::bootstrap::{NotOpened, Prefilling, alongside, drain, open};
 use super::core::CoreCtx;
 use super::error::{AttemptError, Refusal, RequestError};
 use super::exchange::{Exchange, Outbound};
 use super::guards::{InStage, Inflight, RetryPlace};
 use super::log::ClosedBy;
 use super::pick::{Excluded, Unpicked, bound, foresee, pick};
-use super::response::failed;
 use super::room::{Stay, Unbound, bind, first_pick};
-use super::stages::{client_request, decode_request, prefill_request};
-use crate::config::PoolRole;
+use super::stages::{client_request, decode_request, keep_client_request, prefill_request};
+use crate::config::{Handoff, PoolRole};
 use crate::http::limits::{INITIAL_READ_BUF, MAX_WORKER_ID_LEN};
 use crate::route::RouterMode;
 use crate::route::handoff::Handed;
@@ -54,27 +54,62 @@ impl From<AttemptError> for Forwarded {
 }
 
 /// Forwards one request. On return its bytes are consumed from the client buffer. A
-/// disaggregated model's request runs stage 1 on its prefill pool first (§23 of
-/// docs/behaviour.md).
+/// disaggregated model's request runs its prefill stage first (docs/behaviour.md §23).
 pub(super) async fn forward(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>) -> Forwarded {
     let worker_id = detach(ex);
     let mut counted = Counted::start(ctx, &ex.req);
     let staged = match ex.req.model.disagg {
         Some(d) => prefill(ctx, ex, d).await,
-        None => Ok(None),
+        None => Ok(Staged::Ready),
     };
     let result = match staged {
-        Ok(handed) => {
-            let result = attempts(ctx, ex, &mut counted.stage, worker_id.get()).await;
-            if let (Some(at), Some(ttft)) = (handed, ex.trail.ttft) {
+        Ok(staged) => decode(ctx, ex, &mut counted, staged, worker_id.get()).await,
+        Err(answer) => answer,
+    };
+    counted.finish(ctx, ex, result)
+}
+
+/// What the attempts on the model's own workers (a disaggregated model's decode pool)
+/// start with. It lives in the request's future, never on the heap: boxing the large
+/// variant would allocate per request.
+#[allow(clippy::large_enum_variant)]
+enum Staged<'s> {
+    /// Its request in `to_worker`, nothing else under way.
+    Ready,
+    /// vLLM's stage 1 handed the KV cache off; it ended this long after the request began.
+    Handed(Duration),
+    /// SGLang's prefill side, sent: drained alongside the decode side.
+    Alongside(Prefilling<'s>),
+}
+
+/// The attempts on the model's own workers, with what stage 1 left them.
+async fn decode(
+    ctx: &CoreCtx,
+    ex: &mut Exchange<'_, '_>,
+    counted: &mut Counted<'_>,
+    staged: Staged<'_>,
+    id: Option<&[u8]>,
+) -> Forwarded {
+    let stage = &mut counted.stage;
+    match staged {
+        Staged::Ready => attempts(ctx, ex, stage, id).await,
+        Staged::Handed(at) => {
+            let result = attempts(ctx, ex, stage, id).await;
+            if let Some(ttft) = ex.trail.ttft {
                 let secs = ttft.saturating_sub(at).as_secs_f64();
                 counted.cells.handoff_ttft.observe(&TTFT_BUCKETS, secs);
             }
             result
         }
-        Err(answer) => answer,
-    };
-    counted.finish(ctx, ex, result)
+        Staged::Alongside(prefilling) => {
+            let mut buf = std::mem::take(&mut ex.io.kept);
+            let whole = |r: &Forwarded| matches!(r, Forwarded::Done { .. });
+            let decoded = attempts(ctx, ex, stage, id);
+            let result = alongside(decoded, drain(ctx, prefilling, &mut buf), whole).await;
+            ex.io.kept = buf;
+            result
+        }
+    }
 }
 
 /// A request counted on its model's cells (a disaggregated request's stage 1, on its
@@ -130,21 +165,17 @@ impl<'m> Counted<'m> {
     }
 }
 
-/// Stage 1 of a disaggregated request: unless its prompt is short enough (uncached) to
-/// prefill on the decode worker, or the decode pool would refuse it anyway, the prefill
-/// pool answers a one-token, non-streaming copy of it, and stage 2's request carries
-/// that answer's `kv_transfer_params`: then returns when stage 1 ended (from the
-/// request's start). Err: the client's answer (the prefill pool busy, the decode pool
-/// unable to take it, the client gone). A prefill pool that fails the request leaves
-/// stage 2 the client's own request.
-async fn prefill(
+/// Stage 1 of a disaggregated request, unless the decode pool would refuse it anyway (then
+/// its answer is the client's), or its prompt is short enough (uncached) to prefill where
+/// it decodes. Err: the client's answer.
+async fn prefill<'s>(
     ctx: &CoreCtx,
-    ex: &mut Exchange<'_, '_>,
+    ex: &mut Exchange<'_, 's>,
     d: Disaggregated,
-) -> Result<Option<Duration>, Forwarded> {
+) -> Result<Staged<'s>, Forwarded> {
     let (front, pool) = (ex.req.model, ex.req.snap.prefill_pool(&d));
     let Some(pool) = pool.filter(|_| front.router_mode != RouterMode::Direct) else {
-        return Ok(None);
+        return Ok(Staged::Ready);
     };
     let now = clock::now_ms();
     let cached = match foresee(ctx, &ex.req, ex.prompt(), now) {
@@ -153,11 +184,31 @@ async fn prefill(
         Err(none) if front.room.is_none() => return Err(unpicked(none, &Tries::default())),
         Err(_) => 0,
     };
-    let cells = &front.metrics.cores[ctx.id];
     let uncached = ex.req.prompt_tokens.saturating_sub(cached);
-    if uncached < d.max_local_prefill_tokens || !prefill_request(ex) {
+    if uncached < d.max_local_prefill_tokens {
+        front.metrics.cores[ctx.id].handed(Handed::Local);
+        return Ok(Staged::Ready);
+    }
+    match d.handoff {
+        Handoff::Vllm => vllm(ctx, ex, pool).await,
+        Handoff::Sglang => sglang(ctx, ex, pool).await,
+    }
+}
+
+/// vLLM's stage 1: the prefill pool answers a one-token, non-streaming copy of the
+/// request (collected, not relayed), and stage 2's request carries that answer's
+/// `kv_transfer_params`. A busy prefill pool answers the client; one that fails the
+/// request leaves stage 2 the client's own request.
+async fn vllm<'s>(
+    ctx: &CoreCtx,
+    ex: &mut Exchange<'_, 's>,
+    pool: &'s Model,
+) -> Result<Staged<'s>, Forwarded> {
+    let front = ex.req.model;
+    let cells = &front.metrics.cores[ctx.id];
+    if !prefill_request(ex) {
         cells.handed(Handed::Local);
-        return Ok(None);
+        return Ok(Staged::Ready);
     }
     let request_type = ex.req.request_type;
     (ex.req.model, ex.req.request_type, ex.collect) = (pool, RequestType::Unary, true);
@@ -179,7 +230,47 @@ async fn prefill(
         Forwarded::Done { .. } | Forwarded::Local(_) => client_request(ex),
     };
     cells.handed(handed);
-    Ok((handed == Handed::Remote).then_some(ex.before_worker))
+    Ok(match handed {
+        Handed::Remote => Staged::Handed(ex.before_worker),
+        _ => Staged::Ready,
+    })
+}
+
+/// SGLang's handoff: a prefill worker gets the request with its bootstrap fields now, and
+/// the decode side's attempts send the same one. A busy prefill pool answers the client;
+/// none available leaves the decode worker the client's own request.
+async fn sglang<'s>(
+    ctx: &CoreCtx,
+    ex: &mut Exchange<'_, 's>,
+    pool: &'s Model,
+) -> Result<Staged<'s>, Forwarded> {
+    let cells = &ex.req.model.metrics.cores[ctx.id];
+    keep_client_request(ex);
+    match open(ctx, ex, pool).await {
+        Ok(prefilling) => {
+            ex.trail.prefill_worker = Some(prefilling.index);
+            cells.handed(Handed::Remote);
+            Ok(Staged::Alongside(prefilling))
+        }
+        Err(NotOpened::Answer(e)) => {
+            let pool_cells = &pool.metrics.cores[ctx.id];
+            if e.answers_overloaded() {
+                pool_cells.rejected(ex.req.endpoint);
+            }
+            if let Some(knob) = e.knob() {
+                pool_cells.refused(knob, ex.req.class);
+            }
+            pool_cells.request_done(ex.req.endpoint, RequestType::Unary, e.outcome());
+            ex.trail.pool = Some(PoolRole::Prefill);
+            Err(Forwarded::Local(e))
+        }
+        Err(NotOpened::Ended(e)) => Err(ended(ctx, ex, e)),
+        Err(NotOpened::Fallback) => {
+            client_request(ex);
+            cells.handed(Handed::Fallback);
+            Ok(Staged::Ready)
+        }
+    }
 }
 
 /// One log line per refusal, at most once a second per knob on each core.
@@ -404,52 +495,6 @@ fn ended(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>, e: AttemptError) -> Forwarded
         add(&ctx.counters().client_disconnects, 1);
     }
     e.into()
-}
-
-/// Counts an attempt's outcome for its worker's health: a 5xx that is no refusal and
-/// the worker's failures count against it, successes for it; refusals and the client's
-/// doing count for nothing.
-fn count_outcome(
-    ctx: &CoreCtx,
-    (snap, model): (&Snapshot, &Model),
-    worker: &Worker,
-    result: &Result<Done, AttemptError>,
-) {
-    let overload = snap.config.overload_status_code;
-    let failure = match result {
-        Ok(done) => failed(done.status, overload).then_some(false),
-        Err(e) => e.failure(),
-    };
-    let in_a_row = worker.state.outcome(ctx.id, failure);
-    if failure.is_some() {
-        ctx.note_failure(worker.state.slot as usize, clock::now_ms());
-        let outlier = &snap.config.outlier;
-        if outlier.enabled && in_a_row >= outlier.consecutive_failures.max(1) {
-            out_at_once(ctx, snap, model, worker);
-        }
-    }
-}
-
-/// Failures in a row reached the threshold: out of rotation at once, without waiting for
-/// the monitor's pass (which ejects it, or says no and puts it back), unless that would
-/// leave `model` fewer than its healthy share by what this core sees.
-#[cold]
-#[inline(never)]
-fn out_at_once(ctx: &CoreCtx, snap: &Snapshot, model: &Model, worker: &Worker) {
-    if worker.state.is_provisional() {
-        return;
-    }
-    let busy = &mut ctx.busy.borrow_mut();
-    let busy = busy.load();
-    let out = (model.members.iter())
-        .map(|m| &snap.workers[m.worker as usize].state)
-        .filter(|w| w.is_provisional() || busy.is_unhealthy(w.slot))
-        .count();
-    let allowed =
-        crate::health::max_ejected(model.members.len(), snap.config.outlier.min_healthy_percent);
-    if out < allowed && !busy.is_unhealthy(worker.state.slot) {
-        worker.state.set_provisional();
-    }
 }
 
 /// Decides whether a failed attempt is retried on another worker: within the limit and

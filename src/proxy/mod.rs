@@ -21,6 +21,7 @@ mod accept;
 mod admit;
 mod attempt;
 mod body;
+mod bootstrap;
 mod collect;
 mod conn;
 mod connect;

@@ -3,11 +3,14 @@
 //! allocation once the buffers have grown. While stage 1 runs, `to_worker` holds the
 //! prefill worker's request and `kept` the client's; stage 2's request is the client's
 //! with the prefill answer's `kv_transfer_params` spliced in, or the client's own when
-//! there are none (the decode worker then prefills it itself).
+//! there are none (the decode worker then prefills it itself). SGLang's one request, for
+//! both workers, is the client's with the prefill worker's bootstrap fields.
 
 use super::exchange::Exchange;
 use crate::http::write::set_content_length;
-use crate::route::handoff::{Handed, kv_transfer_params, vllm_decode, vllm_prefill};
+use crate::route::handoff::{
+    Bootstrap, Handed, kv_transfer_params, sglang, vllm_decode, vllm_prefill,
+};
 use crate::route::peek::peek;
 
 /// Puts stage 1's request in `to_worker` and the client's in `kept`. False (and nothing
@@ -39,6 +42,25 @@ pub(super) fn decode_request(ex: &mut Exchange<'_, '_>) -> Handed {
     io.to_client.clear();
     with_client_head(ex);
     Handed::Remote
+}
+
+/// Copies the client's request to `kept`, for [`sglang_request`] to build from.
+pub(super) fn keep_client_request(ex: &mut Exchange<'_, '_>) {
+    let io = &mut *ex.io;
+    io.kept.clear();
+    io.kept.extend_from_slice(&io.to_worker);
+}
+
+/// Puts SGLang's request in `to_worker`: the client's (in `kept`) with the bootstrap
+/// fields `at`. False when the body cannot be rewritten.
+pub(super) fn sglang_request(ex: &mut Exchange<'_, '_>, at: Bootstrap<'_>) -> bool {
+    let io = &mut *ex.io;
+    let body = io.kept.get(ex.head_len..).unwrap_or_default();
+    if sglang(body, at, &mut io.to_worker).is_err() {
+        return false;
+    }
+    with_client_head(ex);
+    true
 }
 
 /// Puts the client's own request back in `to_worker`.

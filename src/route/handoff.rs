@@ -8,8 +8,7 @@
 //! `out` is cleared first and only grows when it is too small, so a buffer kept per
 //! connection makes the rewrites allocation-free in steady state.
 //!
-//! `proxy/stages.rs` builds the vLLM stages' requests with these; SGLang's handoff is not
-//! wired into forwarding yet.
+//! `proxy/stages.rs` builds both handoffs' requests with these.
 
 use super::peek::{JsonStr, PeekError, walk};
 
