@@ -8,6 +8,7 @@
 //! a client leaving during each stage, and SGLang's fan-out (one request to a prefill and a
 //! decode worker at once, a hung prefill side closed once the answer is whole).
 
+use spillway_testkit::tools::scratch_dir;
 use spillway_testkit::*;
 use std::time::{Duration, Instant};
 
@@ -433,4 +434,30 @@ fn sglangs_sides_both_close_when_the_client_leaves() {
     wait_for("both connections closed", || {
         hang_p.closed_by_peer().len() == 1 && hang_d.closed_by_peer().len() == 1
     });
+}
+
+#[test]
+fn the_access_log_names_both_workers() {
+    let dir = scratch_dir("disagg-log");
+    let (pe, de) = (engine(Role::Prefill), engine(Role::Decode));
+    for (i, handoff) in ["vllm", "sglang"].into_iter().enumerate() {
+        let log = dir.join(format!("{handoff}.log"));
+        let table = format!("[access_log]\npath = \"{}\"\n", log.display());
+        let extra = format!("handoff = \"{handoff}\"");
+        let models = disaggregated(&[url(&de)], &[url(&pe)], &extra, "");
+        let p = proxy(1, &format!("{table}{models}"));
+        assert_eq!(send(&p, &original(4_000)).status, 200);
+        eventually("the line written", Duration::from_secs(10), || {
+            std::fs::read_to_string(&log).is_ok_and(|t| t.lines().count() == 1)
+        });
+        let line: Value = serde_json::from_str(&std::fs::read_to_string(&log).unwrap()).unwrap();
+        assert_eq!(line["model"], "m", "{i}: {line}");
+        assert_eq!(line["worker"], worker_name(&url(&de)).as_str(), "{line}");
+        assert_eq!(
+            line["prefill_worker"],
+            worker_name(&url(&pe)).as_str(),
+            "{line}"
+        );
+        assert_eq!(line["status"], 200, "{line}");
+    }
 }

@@ -7,15 +7,19 @@
 use serde::Serialize;
 
 use crate::health::checks::CheckResult;
-use crate::health::{Change, EjectReason, Ejection, OutlierSettings, WorkerHealth};
+use crate::health::{Change, EjectReason, Ejection, Outcomes, OutlierSettings, WorkerHealth};
 use crate::health::{max_ejected, panics, share_outliers};
-use crate::state::{BusySet, SlotMap, SlotSet, Snapshot, Worker};
+use crate::state::{BusySet, Member, SlotMap, SlotSet, Snapshot, Worker};
 
 /// Health of every worker, and what /metrics counts of it.
 #[derive(Debug, Default)]
 pub struct HealthTable {
     workers: SlotMap<WorkerHealth>,
-    window_start_ms: u64,
+    /// When the failure-share window began: the first pass starts the first one.
+    window_start_ms: Option<u64>,
+    /// A model's members' windows while they are judged; sized once per generation, so
+    /// a judgment allocates nothing.
+    windows: Vec<Outcomes>,
     /// The snapshot generation `workers` was last trimmed to.
     generation: u64,
     /// Per worker slot: ejections by [`EjectReason::ALL`] order, checks by
@@ -47,6 +51,8 @@ impl HealthTable {
             self.generation = snap.generation;
             let live: SlotSet = snap.workers.iter().map(|w| w.state.slot).collect();
             self.workers.retain(|slot, _| live.contains(slot));
+            let widest = snap.models.iter().map(|m| m.members.len()).max();
+            self.windows.reserve(widest.unwrap_or(0));
         }
         let mut due: Vec<(usize, EjectReason)> = Vec::new();
         for (i, w) in snap.workers.iter().enumerate() {
@@ -66,8 +72,9 @@ impl HealthTable {
                 _ => reopen_stuck_trial(h, w, now, &s),
             }
         }
-        if now.saturating_sub(self.window_start_ms) >= s.interval_ms {
-            self.window_start_ms = now;
+        let start = *self.window_start_ms.get_or_insert(now);
+        if now.saturating_sub(start) >= s.interval_ms {
+            self.window_start_ms = Some(now);
             self.judge_shares(snap, &s, &mut due);
         }
         for (i, reason) in due {
@@ -85,10 +92,12 @@ impl HealthTable {
     ) {
         if s.enabled {
             for m in snap.models.iter() {
-                let windows: Vec<_> = (m.members.iter())
-                    .map(|mm| self.of(&snap.workers[mm.worker as usize]).window)
-                    .collect();
+                let mut windows = std::mem::take(&mut self.windows);
+                windows.clear();
+                let of_member = |mm: &Member| self.of(&snap.workers[mm.worker as usize]).window;
+                windows.extend(m.members.iter().map(of_member));
                 let outliers = share_outliers(&windows, s);
+                self.windows = windows;
                 for (pos, mm) in m.members.iter().enumerate().take(64) {
                     let i = mm.worker as usize;
                     let in_rotation = !self.of(&snap.workers[i]).ejected();

@@ -58,15 +58,26 @@ impl From<AttemptError> for Forwarded {
 pub(super) async fn forward(ctx: &CoreCtx, ex: &mut Exchange<'_, '_>) -> Forwarded {
     let worker_id = detach(ex);
     let mut counted = Counted::start(ctx, &ex.req);
-    let staged = match ex.req.model.disagg {
-        Some(d) => prefill(ctx, ex, d).await,
-        None => Ok(Staged::Ready),
-    };
-    let result = match staged {
-        Ok(staged) => decode(ctx, ex, &mut counted, staged, worker_id.get()).await,
-        Err(answer) => answer,
+    let result = match ex.req.model.disagg {
+        None => attempts(ctx, ex, &mut counted.stage, worker_id.get()).await,
+        Some(d) => disaggregated(ctx, ex, &mut counted, d, worker_id.get()).await,
     };
     counted.finish(ctx, ex, result)
+}
+
+/// A disaggregated model's request: its prefill stage, then the attempts on the model's
+/// own workers (its decode pool) with what that stage left them.
+async fn disaggregated(
+    ctx: &CoreCtx,
+    ex: &mut Exchange<'_, '_>,
+    counted: &mut Counted<'_>,
+    d: Disaggregated,
+    id: Option<&[u8]>,
+) -> Forwarded {
+    match prefill(ctx, ex, d).await {
+        Ok(staged) => decode(ctx, ex, counted, staged, id).await,
+        Err(answer) => answer,
+    }
 }
 
 /// What the attempts on the model's own workers (a disaggregated model's decode pool)
