@@ -461,3 +461,28 @@ fn the_access_log_names_both_workers() {
         assert_eq!(line["status"], 200, "{line}");
     }
 }
+
+#[test]
+fn each_pool_takes_its_own_threshold_at_run_time() {
+    let (pe, de) = (engine(Role::Prefill), engine(Role::Decode));
+    let p = proxy(1, &disaggregated(&[url(&de)], &[url(&pe)], "", ""));
+    let pw = worker_name(&url(&pe));
+    let load = format!(r#"{{"worker_id":"{pw}","active_prefill_tokens":5000}}"#);
+    assert_eq!(admin_post(p.admin_addr, "/load", &load).status, 200);
+    assert_eq!(send(&p, &original(400)).status, 200, "no threshold yet");
+    // Dynamo's advice: the prefill threshold on the prefill pool.
+    let body = r#"{"model":"m-prefill","active_prefill_tokens_threshold":4096}"#;
+    let r = admin_post(p.admin_addr, "/busy_threshold", body);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let r = send(&p, &original(400));
+    assert_eq!(r.status, 529, "{}", r.text());
+    assert_eq!(r.json()["pool"], "prefill");
+    // The model's own entry (the decode pool) is untouched.
+    let list = admin_get(p.admin_addr, "/busy_threshold").json();
+    let of = |name: &str| {
+        let all = list["thresholds"].as_array().unwrap();
+        all.iter().find(|t| t["model"] == name).unwrap().clone()
+    };
+    assert_eq!(of("m-prefill")["active_prefill_tokens_threshold"], 4096);
+    assert!(of("m")["active_prefill_tokens_threshold"].is_null());
+}
