@@ -64,6 +64,7 @@ regenerate overload-dynamo-31.md "$PY" "$BENCH_DIR/overload/report.py" dynamo-ta
 
 # bench/prefix/run.sh and dynamo.sh.
 regenerate prefix.md "$PY" "$BENCH_DIR/prefix/report.py" tables --summary-json "$R/prefix-summary.json"
+regenerate disagg.md "$PY" "$BENCH_DIR/disagg/report.py" tables --summary-json "$R/disagg-summary.json"
 regenerate prefix-dynamo.md "$PY" "$BENCH_DIR/prefix/report.py" tables --dynamo \
   --summary-json "$R/prefix-dynamo-summary.json"
 
