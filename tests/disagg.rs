@@ -486,3 +486,21 @@ fn each_pool_takes_its_own_threshold_at_run_time() {
     assert_eq!(of("m-prefill")["active_prefill_tokens_threshold"], 4096);
     assert!(of("m")["active_prefill_tokens_threshold"].is_null());
 }
+
+#[test]
+fn a_prompt_predicted_cached_at_a_decode_worker_skips_stage_one() {
+    let (pe, de) = (engine(Role::Prefill), engine(Role::Decode));
+    let extra = "router_mode = \"kv\"\nmax_local_prefill_tokens = 512";
+    let p = proxy(1, &disaggregated(&[url(&de)], &[url(&pe)], extra, ""));
+    // About 2,000 prompt tokens: the first time, prefilled remotely.
+    let r = send(&p, &original(8_000));
+    assert_eq!(r.header("x-mock-prefill"), Some("remote"));
+    assert_eq!(handoffs(&p, "remote"), 1.0);
+    // The same prompt again: predicted cached where it decoded, so fewer than 512
+    // uncached tokens, prefilled there (the mock's prefix cache holds it).
+    let r = send(&p, &original(8_000));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.header("x-mock-prefill"), Some("local"));
+    assert_eq!(handoffs(&p, "local"), 1.0);
+    assert_eq!(handoffs(&p, "remote"), 1.0, "stage 1 ran once");
+}
