@@ -18,6 +18,7 @@ use super::guards::{Inflight, OnWorker, Tracked};
 use super::pick::{Excluded, bound, pick};
 use super::stages::sglang_request;
 use crate::http::Limits;
+use crate::http::limits::{RESPONSE_READ_BUF, RESPONSE_READ_MIN_SPARE};
 use crate::http::response::{ResponseHead, parse_response};
 use crate::http::{BodyFraming, chunked::ChunkedParser};
 use crate::route::handoff::Bootstrap;
@@ -298,8 +299,8 @@ async fn read_some(
     buf: &mut Vec<u8>,
     deadline: Instant,
 ) -> Result<usize, AttemptError> {
-    if buf.capacity() - buf.len() < 4096 {
-        buf.reserve(16 * 1024);
+    if buf.capacity() - buf.len() < RESPONSE_READ_MIN_SPARE {
+        buf.reserve(RESPONSE_READ_BUF);
     }
     let left = deadline.saturating_duration_since(clock::now());
     let read = monoio::time::timeout(left, stream.read_into(std::mem::take(buf))).await;
